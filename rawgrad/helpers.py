@@ -1,0 +1,94 @@
+"""Environment/context variables and small utilities shared by every part of rawgrad."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import os
+from typing import Any, Iterable, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+@functools.cache
+def getenv(key: str, default: Any = 0) -> Any:
+  """An environment variable converted to the type of `default`."""
+  return type(default)(os.getenv(key, default))
+
+
+class ContextVar:
+  """A setting read from the environment once, changeable in code with `Context(NAME=value)`."""
+  registry: dict[str, ContextVar] = {}
+
+  def __init__(self, key: str, default: int):
+    if key in ContextVar.registry: raise RuntimeError(f"context variable {key} is defined twice")
+    self.key, self.value = key, getenv(key, default)
+    ContextVar.registry[key] = self
+
+  def __bool__(self) -> bool:
+    return bool(self.value)
+
+  def __ge__(self, other: int) -> bool:
+    return self.value >= other
+
+  def __gt__(self, other: int) -> bool:
+    return self.value > other
+
+  def __lt__(self, other: int) -> bool:
+    return self.value < other
+
+  def __le__(self, other: int) -> bool:
+    return self.value <= other
+
+  def __repr__(self) -> str:
+    return f"{self.key}={self.value}"
+
+
+@contextlib.contextmanager
+def Context(**settings: int) -> Iterator[None]:
+  """Temporarily change context variables: `with Context(DEBUG=2): ...`."""
+  unknown = [key for key in settings if key not in ContextVar.registry]
+  if unknown: raise KeyError(f"unknown context variables {unknown}; known: {sorted(ContextVar.registry)}")
+  saved = {key: ContextVar.registry[key].value for key in settings}
+  for key, value in settings.items(): ContextVar.registry[key].value = value
+  try:
+    yield
+  finally:
+    for key, value in saved.items(): ContextVar.registry[key].value = value
+
+
+DEBUG = ContextVar("DEBUG", 0)
+SPEC = ContextVar("SPEC", 0)
+TRACK_REWRITES = ContextVar("TRACK_REWRITES", 0)
+
+
+def prod(values: Iterable[T], start: Any = 1) -> Any:
+  """The product of values; works for ints and symbolic sizes alike."""
+  result = start
+  for value in values: result = result * value
+  return result
+
+
+def all_same(items: Iterable[Any]) -> bool:
+  items = list(items)
+  return all(item == items[0] for item in items)
+
+
+def flatten(nested: Iterable[Iterable[T]]) -> list[T]:
+  return [item for inner in nested for item in inner]
+
+
+def argsort(values: list[Any]) -> list[int]:
+  return sorted(range(len(values)), key=values.__getitem__)
+
+
+def ceildiv(num: int, amount: int) -> int:
+  return -(-num // amount)
+
+
+def round_up(num: int, multiple: int) -> int:
+  return ceildiv(num, multiple) * multiple
+
+
+def is_finite_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not (isinstance(value, float) and not math.isfinite(value))
