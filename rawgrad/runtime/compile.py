@@ -1,0 +1,129 @@
+"""LLVM IR text -> relocatable ELF object via llvmlite, and an on-disk cache of compiled objects shared by processes."""
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import os
+import sqlite3
+import warnings
+from pathlib import Path
+from typing import Protocol
+
+import llvmlite
+import llvmlite.binding as llvm
+
+
+class CompileError(Exception):
+  """LLVM rejected the IR; the message has LLVM's error and the IR with line numbers."""
+
+
+class Compiler(Protocol):
+  cache_key: str  # everything besides the source that decides the output
+
+  def compile(self, src: str) -> bytes: ...
+
+
+@functools.cache
+def _init_llvm() -> None:
+  # every target, not just the native one, so objects for other machines can be built (and their loading tested)
+  llvm.initialize_all_targets()
+  llvm.initialize_all_asmprinters()
+
+
+def _numbered(src: str) -> str:
+  return "\n".join(f"{i:4d} | {line}" for i, line in enumerate(src.splitlines(), 1))
+
+
+class LLVMCompiler:
+  """Compiles LLVM IR text to a relocatable ELF object at -O3, for the host CPU unless given another triple."""
+
+  def __init__(self, triple: str | None = None) -> None:
+    _init_llvm()
+    host = triple is None or triple == llvm.get_process_triple()
+    self.triple = llvm.get_process_triple() if triple is None else triple
+    # the host's exact CPU and features so AVX2/AVX-512/NEON get used; a foreign triple gets its baseline
+    cpu, features = (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()) if host else ("generic", "")
+    # PIC with the small code model: our loader puts everything in one image far smaller than 2GB, so references
+    # inside it are PC-relative 32-bit fields (PC32/PLT32, ADRP+ADD) that work wherever mmap puts the image. Only
+    # external symbols can be far away; calls to them are PLT32/CALL26 that the loader sends through its own stubs,
+    # data through GOT slots. 'static' would emit absolute R_X86_64_32S, which need an image in the low 2GB, and
+    # 'large' would turn every address into a 64-bit immediate.
+    target = llvm.Target.from_triple(self.triple)
+    self._tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="small")
+    llvm_version = ".".join(map(str, llvm.llvm_version_info))
+    self.cache_key = "|".join(("LLVMCompiler(O3,pic,small)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version}",
+                               self.triple, cpu, features))
+
+  def compile(self, src: str) -> bytes:
+    return self._tm.emit_object(self._optimized(src))
+
+  def assembly(self, src: str) -> str:
+    """The optimized machine code as assembly text, to see what LLVM made of src."""
+    return self._tm.emit_assembly(self._optimized(src))
+
+  def _optimized(self, src: str) -> llvm.ModuleRef:
+    try:
+      mod = llvm.parse_assembly(src)
+      mod.verify()
+    except RuntimeError as e:
+      raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
+    mod.triple, mod.data_layout = self._tm.triple, str(self._tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.slp_vectorization = True  # off by default here; it packs straight-line float math into vector instructions
+    pb = llvm.create_pass_builder(self._tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+# *** disk cache
+
+def cache_path() -> Path | None:
+  """Where compiled objects are cached, read from the environment on every call; None when caching is off."""
+  if os.environ.get("DISABLE_COMPILER_CACHE", "0") not in ("", "0"):
+    return None
+  if root := os.environ.get("RAWGRAD_CACHE_DIR"):
+    return Path(root) / "compile_cache.db"
+  return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rawgrad" / "compile_cache.db"
+
+
+def compile_cached(compiler: Compiler, src: str) -> bytes:
+  """compiler.compile(src), from the disk cache when an identical compile was done before by any process."""
+  if (path := cache_path()) is None:
+    return compiler.compile(src)
+  key = hashlib.sha256(f"{compiler.cache_key}\0{hashlib.sha256(src.encode()).hexdigest()}".encode()).hexdigest()
+  if (obj := _cache_get(path, key)) is None:
+    obj = compiler.compile(src)
+    _cache_put(path, key, obj)
+  return obj
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+  path.parent.mkdir(parents=True, exist_ok=True)
+  conn = sqlite3.connect(path, timeout=30)  # wait out other processes' write locks instead of failing at once
+  conn.execute("CREATE TABLE IF NOT EXISTS objects (key TEXT PRIMARY KEY, obj BLOB NOT NULL)")
+  return conn
+
+
+def _unusable(path: Path, e: Exception) -> None:
+  # a broken cache costs a recompile, never the compile itself
+  warnings.warn(f"compile cache {path} is unusable ({type(e).__name__}: {e}), compiling without it", RuntimeWarning,
+                stacklevel=4)
+
+
+def _cache_get(path: Path, key: str) -> bytes | None:
+  try:
+    with contextlib.closing(_connect(path)) as conn:
+      row = conn.execute("SELECT obj FROM objects WHERE key = ?", (key,)).fetchone()
+  except (sqlite3.Error, OSError) as e:
+    _unusable(path, e)
+    return None
+  return None if row is None else bytes(row[0])
+
+
+def _cache_put(path: Path, key: str, obj: bytes) -> None:
+  try:
+    with contextlib.closing(_connect(path)) as conn, conn:
+      conn.execute("INSERT OR REPLACE INTO objects (key, obj) VALUES (?, ?)", (key, obj))
+  except (sqlite3.Error, OSError) as e:
+    _unusable(path, e)

@@ -1,0 +1,350 @@
+"""Our own loader for relocatable ELF objects: lays the allocatable sections out into one flat image and relocates it.
+
+Formulas follow the x86-64 psABI and ARM's "ELF for the Arm 64-bit Architecture": S is the symbol's address (for a
+call to an external symbol, its stub in the image), A the addend, P the address being patched, G the address of the
+symbol's GOT slot. External symbols are only looked up by address through a resolver; no code is loaded for them.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import io
+import mmap
+import struct
+from dataclasses import dataclass
+from typing import Callable, Hashable, TypeVar
+
+from elftools.elf.constants import SH_FLAGS
+from elftools.elf.descriptions import describe_reloc_type
+from elftools.elf.elffile import ELFFile
+from elftools.elf.relocation import RelocationSection
+from elftools.elf.sections import Section, Symbol, SymbolTableSection
+
+Resolver = Callable[[str], int]
+PAGE_SIZE = mmap.PAGESIZE
+GOT_SLOT = 8
+Key = TypeVar("Key", bound=Hashable)
+
+
+class RelocationError(ValueError):
+  """A relocation this loader cannot apply: an unknown type, or a value that does not fit its field."""
+
+
+@dataclass(frozen=True)
+class SymRef:
+  """What a relocation points at: an offset into the image, or (offset None) an external symbol."""
+  name: str
+  offset: int | None
+
+
+@dataclass(frozen=True)
+class Reloc:
+  offset: int   # where to patch, in the image
+  type: int
+  target: SymRef
+  addend: int
+  section: str  # the patched section, for error messages
+
+
+@dataclass(frozen=True)
+class ElfImage:
+  machine: str                # e_machine, "EM_X86_64" or "EM_AARCH64"
+  data: bytes                 # sections at their image offsets, .bss zeroed; GOT and stubs are filled by relocate
+  functions: dict[str, int]   # global function name -> image offset
+  relocs: tuple[Reloc, ...]
+  got: dict[SymRef, int]      # symbol -> offset of its GOT slot
+  stubs: dict[str, int]       # external function -> offset of the stub that jumps to it
+  exec_size: int              # [0, exec_size) becomes read+execute; writable sections follow on their own pages
+
+
+# *** field writers: each checks the value fits, since a silently truncated address is a wild jump later
+
+def _put_u64(buf: bytearray, off: int, v: int) -> None:
+  struct.pack_into("<Q", buf, off, v & (2**64 - 1))
+
+
+def _check(v: int, lo: int, hi: int) -> int:
+  if not lo <= v < hi:
+    raise RelocationError(f"value {v:#x} does not fit in [{lo:#x}, {hi:#x})")
+  return v
+
+
+def _put_s32(buf: bytearray, off: int, v: int) -> None:
+  struct.pack_into("<i", buf, off, _check(v, -2**31, 2**31))
+
+
+def _put_u32(buf: bytearray, off: int, v: int) -> None:
+  struct.pack_into("<I", buf, off, _check(v, 0, 2**32))
+
+
+def _put_any32(buf: bytearray, off: int, v: int) -> None:
+  # aarch64 ABS32/PREL32 accept both signed and unsigned interpretations
+  struct.pack_into("<I", buf, off, _check(v, -2**31, 2**32) & 0xFFFFFFFF)
+
+
+def _patch_insn(buf: bytearray, off: int, mask: int, bits: int) -> None:
+  insn = struct.unpack_from("<I", buf, off)[0]
+  struct.pack_into("<I", buf, off, (insn & ~mask) | (bits & mask))
+
+
+def _put_branch26(buf: bytearray, off: int, v: int) -> None:
+  if v % 4:
+    raise RelocationError(f"branch offset {v:#x} is not a multiple of 4")
+  _patch_insn(buf, off, 0x3FFFFFF, _check(v, -2**27, 2**27) >> 2)
+
+
+def _put_adrp_nc(buf: bytearray, off: int, v: int) -> None:
+  imm = v >> 12
+  _patch_insn(buf, off, (3 << 29) | (0x7FFFF << 5), ((imm & 3) << 29) | (((imm >> 2) & 0x7FFFF) << 5))
+
+
+def _put_adrp(buf: bytearray, off: int, v: int) -> None:
+  _put_adrp_nc(buf, off, _check(v, -2**32, 2**32))
+
+
+def _put_lo12(shift: int) -> Callable[[bytearray, int, int], None]:
+  def put(buf: bytearray, off: int, v: int) -> None:
+    lo = v & 0xFFF
+    if lo % (1 << shift):
+      raise RelocationError(f"address {v:#x} is not aligned to {1 << shift} bytes for this access")
+    _patch_insn(buf, off, 0xFFF << 10, (lo >> shift) << 10)
+  return put
+
+
+def _page(x: int) -> int:
+  return x & ~0xFFF
+
+
+ValueFn = Callable[[int, int, int, int], int]  # (S, A, P, G) -> value to write
+Writer = Callable[[bytearray, int, int], None]
+_S_A: ValueFn = lambda s, a, p, g: s + a
+_S_A_P: ValueFn = lambda s, a, p, g: s + a - p
+_G_A_P: ValueFn = lambda s, a, p, g: g + a - p
+
+
+@dataclass(frozen=True)
+class Arch:
+  relocs: dict[int, tuple[str, ValueFn, Writer]]
+  call_relocs: frozenset[int]    # PC-relative calls/jumps: to an external symbol they go through a stub
+  got_relocs: frozenset[int]     # relocations that need a GOT slot for their symbol
+  stub: Callable[[int], bytes]   # code that jumps to an absolute address, any distance away
+  stub_size: int
+  got_slot_has_addend: bool      # the ABI puts S + A in the slot; we only build slots holding S, so A must be 0
+
+
+X86_64 = Arch(
+  relocs={
+    1: ("R_X86_64_64", _S_A, _put_u64),
+    2: ("R_X86_64_PC32", _S_A_P, _put_s32),
+    4: ("R_X86_64_PLT32", _S_A_P, _put_s32),
+    9: ("R_X86_64_GOTPCREL", _G_A_P, _put_s32),
+    10: ("R_X86_64_32", _S_A, _put_u32),
+    11: ("R_X86_64_32S", _S_A, _put_s32),
+    24: ("R_X86_64_PC64", _S_A_P, _put_u64),
+    # the relaxable GOT forms stay valid unrelaxed: the instruction still loads the address from the slot
+    41: ("R_X86_64_GOTPCRELX", _G_A_P, _put_s32),
+    42: ("R_X86_64_REX_GOTPCRELX", _G_A_P, _put_s32),
+  },
+  call_relocs=frozenset({4}),
+  got_relocs=frozenset({9, 41, 42}),
+  stub=lambda addr: b"\xff\x25\x00\x00\x00\x00" + struct.pack("<Q", addr) + b"\xcc\xcc",  # jmp *0(%rip); .quad addr
+  stub_size=16,
+  got_slot_has_addend=False,
+)
+
+AARCH64 = Arch(
+  relocs={
+    257: ("R_AARCH64_ABS64", _S_A, _put_u64),
+    258: ("R_AARCH64_ABS32", _S_A, _put_any32),
+    260: ("R_AARCH64_PREL64", _S_A_P, _put_u64),
+    261: ("R_AARCH64_PREL32", _S_A_P, _put_any32),
+    275: ("R_AARCH64_ADR_PREL_PG_HI21", lambda s, a, p, g: _page(s + a) - _page(p), _put_adrp),
+    276: ("R_AARCH64_ADR_PREL_PG_HI21_NC", lambda s, a, p, g: _page(s + a) - _page(p), _put_adrp_nc),
+    277: ("R_AARCH64_ADD_ABS_LO12_NC", _S_A, _put_lo12(0)),
+    278: ("R_AARCH64_LDST8_ABS_LO12_NC", _S_A, _put_lo12(0)),
+    282: ("R_AARCH64_JUMP26", _S_A_P, _put_branch26),
+    283: ("R_AARCH64_CALL26", _S_A_P, _put_branch26),
+    284: ("R_AARCH64_LDST16_ABS_LO12_NC", _S_A, _put_lo12(1)),
+    285: ("R_AARCH64_LDST32_ABS_LO12_NC", _S_A, _put_lo12(2)),
+    286: ("R_AARCH64_LDST64_ABS_LO12_NC", _S_A, _put_lo12(3)),
+    299: ("R_AARCH64_LDST128_ABS_LO12_NC", _S_A, _put_lo12(4)),
+    311: ("R_AARCH64_ADR_GOT_PAGE", lambda s, a, p, g: _page(g) - _page(p), _put_adrp),
+    312: ("R_AARCH64_LD64_GOT_LO12_NC", lambda s, a, p, g: g, _put_lo12(3)),
+  },
+  call_relocs=frozenset({282, 283}),
+  got_relocs=frozenset({311, 312}),
+  stub=lambda addr: struct.pack("<IIQ", 0x58000050, 0xD61F0200, addr),  # ldr x16, #8; br x16; .quad addr
+  stub_size=16,
+  got_slot_has_addend=True,
+)
+
+ARCHES: dict[str, Arch] = {"EM_X86_64": X86_64, "EM_AARCH64": AARCH64}
+
+
+# *** loading
+
+def _align(x: int, a: int) -> int:
+  return (x + a - 1) // a * a
+
+
+def _place(sections: dict[int, Section], start: int, offsets: dict[int, int]) -> int:
+  """Assigns each section (by index) an aligned image offset from start on; returns the end."""
+  end = start
+  for idx, s in sections.items():
+    if s["sh_addralign"] > PAGE_SIZE:  # the image itself is only page aligned
+      raise ValueError(f"section {s.name} needs {s['sh_addralign']}-byte alignment, more than a page ({PAGE_SIZE})")
+    end = _align(end, max(s["sh_addralign"], 1))
+    offsets[idx] = end
+    end += s["sh_size"]
+  return end
+
+
+def _is_writable(s: Section) -> bool:
+  # .data.rel.ro is only written by relocation, which happens before the image turns read-only
+  return bool(s["sh_flags"] & SH_FLAGS.SHF_WRITE) and not s.name.startswith(".data.rel.ro")
+
+
+@dataclass(frozen=True)
+class _RawReloc:
+  section: int       # index of the patched section
+  section_name: str
+  offset: int        # within that section
+  type: int
+  sym_index: int
+  sym: Symbol
+  addend: int
+
+
+def _raw_relocs(elf: ELFFile, arch: Arch, alloc: dict[int, Section]) -> list[_RawReloc]:
+  out = []
+  for rs in elf.iter_sections():
+    if rs["sh_type"] == "SHT_REL":
+      raise RelocationError(f"{rs.name}: SHT_REL (no addends) is not supported, only RELA")
+    if not isinstance(rs, RelocationSection) or rs["sh_info"] not in alloc:
+      continue
+    target, symtab = alloc[rs["sh_info"]], elf.get_section(rs["sh_link"])
+    for r in rs.iter_relocations():
+      sym = symtab.get_symbol(r["r_info_sym"])
+      raw = _RawReloc(rs["sh_info"], target.name, r["r_offset"], r["r_info_type"], r["r_info_sym"], sym, r["r_addend"])
+      _check_supported(elf, arch, raw)
+      out.append(raw)
+  return out
+
+
+def _check_supported(elf: ELFFile, arch: Arch, r: _RawReloc) -> None:
+  where = f"in {r.section_name} at {r.offset:#x} against {r.sym.name!r}"
+  if r.type not in arch.relocs:
+    raise RelocationError(f"unsupported relocation {describe_reloc_type(r.type, elf)} (type {r.type}) {where}")
+  if r.type in arch.got_relocs and arch.got_slot_has_addend and r.addend:
+    raise RelocationError(f"{arch.relocs[r.type][0]} with nonzero addend {r.addend} {where}")
+
+
+def _symref(sym: Symbol, offsets: dict[int, int]) -> SymRef:
+  shndx = sym["st_shndx"]
+  if shndx == "SHN_UNDEF":
+    return SymRef(sym.name, None)
+  if not isinstance(shndx, int) or shndx not in offsets:
+    raise RelocationError(f"symbol {sym.name!r} is in section {shndx}, which is not part of the image")
+  return SymRef(sym.name, offsets[shndx] + sym["st_value"])
+
+
+def _functions(elf: ELFFile, offsets: dict[int, int]) -> dict[str, int]:
+  symtab = elf.get_section_by_name(".symtab")
+  if not isinstance(symtab, SymbolTableSection):
+    return {}
+  return {s.name: offsets[s["st_shndx"]] + s["st_value"] for s in symtab.iter_symbols()
+          if s["st_info"]["type"] == "STT_FUNC" and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] in offsets}
+
+
+def _contents(elf: ELFFile, size: int, offsets: dict[int, int]) -> bytes:
+  buf = bytearray(size)
+  for idx, off in offsets.items():
+    s = elf.get_section(idx)
+    if s["sh_type"] != "SHT_NOBITS":
+      buf[off:off + s["sh_size"]] = s.data()
+  return bytes(buf)
+
+
+def _open(obj: bytes) -> tuple[ELFFile, Arch]:
+  elf = ELFFile(io.BytesIO(obj))
+  if elf.elfclass != 64 or not elf.little_endian or elf["e_type"] != "ET_REL":
+    raise ValueError(f"expected a 64-bit little-endian relocatable object, got ELFCLASS{elf.elfclass} "
+                     f"{'LSB' if elf.little_endian else 'MSB'} {elf['e_type']}")
+  if (arch := ARCHES.get(elf["e_machine"])) is None:
+    raise ValueError(f"unsupported machine {elf['e_machine']}, expected one of {sorted(ARCHES)}")
+  return elf, arch
+
+
+def _slots(keys: list[Key], start: int, size: int) -> tuple[dict[Key, int], int]:
+  """Gives each key a slot of size bytes from start on; returns the slot offsets and the end."""
+  return {k: start + i * size for i, k in enumerate(keys)}, start + size * len(keys)
+
+
+def load_elf(obj: bytes) -> ElfImage:
+  """Lays out obj's SHF_ALLOC sections, then the GOT and the external-call stubs, then the writable sections."""
+  elf, arch = _open(obj)
+  alloc = {i: s for i, s in enumerate(elf.iter_sections()) if s["sh_flags"] & SH_FLAGS.SHF_ALLOC}
+  offsets: dict[int, int] = {}
+  end = _place({i: s for i, s in alloc.items() if not _is_writable(s)}, 0, offsets)
+  raws = _raw_relocs(elf, arch, alloc)
+  got_syms = {r.sym_index: r.sym for r in raws if r.type in arch.got_relocs}
+  externs = [r.sym.name for r in raws if r.type in arch.call_relocs and r.sym["st_shndx"] == "SHN_UNDEF"]
+  got_at, end = _slots(list(got_syms), _align(end, GOT_SLOT), GOT_SLOT)
+  stubs, exec_size = _slots(list(dict.fromkeys(externs)), _align(end, arch.stub_size), arch.stub_size)
+  writable = {i: s for i, s in alloc.items() if _is_writable(s)}
+  size = _place(writable, _align(exec_size, PAGE_SIZE), offsets) if writable else exec_size
+  relocs = tuple(Reloc(offsets[r.section] + r.offset, r.type, _symref(r.sym, offsets), r.addend, r.section_name)
+                 for r in raws)
+  got = {_symref(got_syms[i], offsets): off for i, off in got_at.items()}
+  return ElfImage(elf["e_machine"], _contents(elf, size, offsets), _functions(elf, offsets), relocs, got, stubs,
+                  exec_size)
+
+
+# *** relocation
+
+def relocate(image: ElfImage, base: int, resolve_external: Resolver) -> bytes:
+  """The image's bytes as they must be at address base: GOT and stubs filled in, every relocation applied."""
+  arch, buf = ARCHES[image.machine], bytearray(image.data)
+  addr = _addresser(base, resolve_external)
+  for ref, off in image.got.items():
+    _put_u64(buf, off, addr(ref))
+  for name, off in image.stubs.items():
+    buf[off:off + arch.stub_size] = arch.stub(addr(SymRef(name, None)))
+  for r in image.relocs:
+    name, value, put = arch.relocs[r.type]
+    stubbed = r.type in arch.call_relocs and r.target.offset is None
+    s = base + image.stubs[r.target.name] if stubbed else addr(r.target)
+    g = base + image.got[r.target] if r.type in arch.got_relocs else 0
+    try:
+      put(buf, r.offset, value(s, r.addend, base + r.offset, g))
+    except RelocationError as e:
+      raise RelocationError(f"{name} in {r.section} at image offset {r.offset:#x} against {r.target.name!r} "
+                            f"(image base {base:#x}): {e}") from None
+  return bytes(buf)
+
+
+def _addresser(base: int, resolve_external: Resolver) -> Callable[[SymRef], int]:
+  @functools.cache
+  def addr(ref: SymRef) -> int:
+    return base + ref.offset if ref.offset is not None else resolve_external(ref.name)
+  return addr
+
+
+@functools.cache
+def _libraries() -> tuple[ctypes.CDLL, ...]:
+  # the process itself first (libc, and libm when python links it), then the libraries LLVM's libcalls live in
+  paths = (ctypes.util.find_library(name) for name in ("m", "gcc_s"))
+  return (ctypes.CDLL(None),) + tuple(ctypes.CDLL(p) for p in paths if p is not None)
+
+
+@functools.cache
+def find_process_symbol(name: str) -> int:
+  """The address of a function in the running process, libm or libgcc_s; raises LookupError if none has it."""
+  for lib in _libraries():
+    try:
+      fn = lib[name]
+    except AttributeError:
+      continue
+    return int(ctypes.cast(fn, ctypes.c_void_p).value)
+  raise LookupError(f"undefined symbol {name!r} is in neither the process, libm nor libgcc_s")
