@@ -20,6 +20,7 @@ class Ops(Enum):
   CAST = auto()
   BITCAST = auto()
   INVALID = auto()
+  IOTA = auto()  # tensor-level: the index along its one axis, [0, 1, ..., n-1]
   # unary
   EXP2 = auto()
   LOG2 = auto()
@@ -108,8 +109,9 @@ class GroupOp:
 
 
 def _arg_key(arg: Any) -> Any:
-  """A hashing key for an arg that tells 0.0 from -0.0 and keeps nan equal to itself."""
+  """A hashing key for an arg that tells 0.0 from -0.0 and True from 1, and keeps nan equal to itself."""
   if type(arg) is float: return ("float", arg.hex())
+  if type(arg) is bool: return ("bool", arg)
   if type(arg) is tuple: return tuple(_arg_key(item) for item in arg)
   return arg
 
@@ -416,6 +418,7 @@ def _shape(node: UOp) -> tuple | None:
   if op is Ops.BUFFER: return (node.arg,)
   if op is Ops.CONST: return () if node.src else None
   if op in (Ops.BIND, Ops.DEFINE_VAR): return ()
+  if op is Ops.IOTA: return (to_sint(node.src[1]),)
   if not node.src or node.src[0].shape is None: return None
   inner = node.src[0].shape
   if op is Ops.PERMUTE: return tuple(inner[i] for i in node.arg)
@@ -532,8 +535,10 @@ def _bounds_cast(node: UOp, a: tuple) -> tuple | None:
   source = node.src[0].dtype
   if any(isinstance(v, float) and math.isinf(v) for v in a): return None
   exact_source = isinstance(source, DType) and (dtypes.is_int(source) or dtypes.is_bool(source))
-  if exact_source and not dtypes.is_float(node.dtype):
-    return (int(a[0]), int(a[1])) if not dtypes.is_bool(node.dtype) else (bool(a[0]), bool(a[1]))
+  if exact_source and dtypes.is_bool(node.dtype):
+    # only 0 is False, so the ends of the source's range say nothing: what matters is whether 0 lies inside it
+    return (not a[0] <= 0 <= a[1], not a[0] == a[1] == 0)
+  if exact_source and not dtypes.is_float(node.dtype): return (int(a[0]), int(a[1]))
   return None
 
 
@@ -599,7 +604,9 @@ def _sin(a: float) -> float:
 
 
 def _trunc(a: Any) -> Any:
-  return a if isinstance(a, float) and (math.isinf(a) or math.isnan(a)) else type(a)(math.trunc(a))
+  if not isinstance(a, float): return type(a)(math.trunc(a))
+  # C's trunc keeps the sign of zero: trunc(-0.5) is -0.0
+  return a if math.isinf(a) or math.isnan(a) else math.copysign(float(math.trunc(a)), a)
 
 
 def _idiv(a: int, b: int) -> int:

@@ -250,7 +250,8 @@ class _Rewriter:
     while stack:
       item = stack.pop()
       node, stage, current = item
-      self.deferred.discard(node)
+      # a new visit (stage 0) of a node whose item is waiting must not clear the mark, or it looks like a cycle
+      if stage != 0: self.deferred.discard(node)
       if node in self.replaced: continue
       if stage == 0:
         if node in self.in_progress:

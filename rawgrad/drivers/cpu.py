@@ -8,6 +8,9 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
+from rawgrad.runtime.device import Allocator, Compiled
 from rawgrad.runtime.elf import PAGE_SIZE, find_process_symbol, load_elf, relocate
 
 CType = Any  # a ctypes type such as ctypes.c_void_p; ctypes gives them no common public base class
@@ -60,3 +63,30 @@ class CPUProgram:
     if self._fxn is not None:
       return self._fxn(*args)
     return ctypes.CFUNCTYPE(self.restype, *(ctypes.c_int64,) * len(args))(self.address)(*args)
+
+
+class CPUAllocator(Allocator):
+  """Host memory from numpy, aligned to 64 bytes so vector loads never straddle a cache line needlessly."""
+
+  def _alloc(self, nbytes: int) -> np.ndarray:
+    backing = np.empty(nbytes + 64, dtype=np.uint8)
+    offset = (-backing.ctypes.data) % 64
+    return backing[offset:offset + nbytes]
+
+  def _free(self, raw: np.ndarray, nbytes: int) -> None:
+    del raw  # numpy owns the memory
+
+  def address(self, raw: np.ndarray) -> int:
+    return raw.ctypes.data
+
+  def copyin(self, raw: np.ndarray, data: memoryview) -> None:
+    raw[:data.nbytes] = np.frombuffer(data, dtype=np.uint8)
+
+  def copyout(self, dest: memoryview, raw: np.ndarray) -> None:
+    np.frombuffer(dest, dtype=np.uint8)[:] = raw[:dest.nbytes]
+
+
+def open_device(name: str) -> Compiled:
+  from rawgrad.compiler.render.llvmir import LLVMRenderer
+  from rawgrad.runtime.compile import LLVMCompiler
+  return Compiled(name, CPUAllocator(), LLVMCompiler(), CPUProgram, LLVMRenderer())

@@ -1,0 +1,359 @@
+"""The scheduler: turn the tensor graph into kernels.
+
+Movement ops never move data: they become index arithmetic. Every realized node gets fresh RANGEs, one per
+dimension, and an index walks from it toward the inputs through every movement op. A node whose consumers ask for
+it at different indices becomes a buffer when recomputing it would repeat a reduction; elementwise work is always
+recomputed in place. See ARCHITECTURE.md, "The scheduler: rangeify", for the seven steps implemented below.
+"""
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index
+from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
+from rawgrad.compiler.symbolic import simplify
+from rawgrad.dtype import dtypes
+from rawgrad.helpers import DEBUG, prod
+
+# ops that start a tensor graph: they have no data sources to index
+LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.BIND, Ops.DEFINE_VAR, Ops.DEVICE, Ops.UNIQUE})
+TRUE = UOp.const(dtypes.bool, True)
+
+Index = tuple[UOp, ...]
+
+
+@dataclass(frozen=True)
+class ScheduleItem:
+  """One kernel: its AST (a SINK of one STORE) and the BUFFER nodes bound to its parameters, output first."""
+  ast: UOp
+  buffers: tuple[UOp, ...]
+  var_values: tuple[tuple[UOp, int], ...] = ()
+
+  @property
+  def name(self) -> str:
+    return self.ast.arg
+
+
+@dataclass
+class Schedule:
+  items: list[ScheduleItem]
+  becomes_map: dict[UOp, UOp]
+  reasons: dict[UOp, str] = field(default_factory=dict)
+
+
+# *** step 1: clean up ***
+
+def _merge_reshapes(outer: UOp, inner: UOp) -> UOp:
+  return inner.src[0].reshape(outer.shape)
+
+
+pm_cleanup = PatternMatcher([
+  # gradients and detaching do not change values
+  (UPat((Ops.DETACH, Ops.CONTIGUOUS_BACKWARD), src=(UPat.var("x"),)), lambda x: x),
+  # a reshape of a reshape is one reshape
+  (UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="inner"),), allow_any_len=True, name="outer"), _merge_reshapes),
+  # contiguous of something that already is a contiguous buffer is the buffer
+  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
+  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.RESHAPE, src=(UPat(Ops.BUFFER),), allow_any_len=True, name="view"),)),
+   lambda view: view),
+])
+"""After pm_cleanup: no DETACH or CONTIGUOUS_BACKWARD, no reshape directly of a reshape, no CONTIGUOUS of a buffer."""
+
+
+def buffer_base(node: UOp) -> UOp | None:
+  """The BUFFER a node is a plain (reshaped) view of, if it is one."""
+  if node.op is Ops.RESHAPE: node = node.src[0]
+  return node if node.op is Ops.BUFFER else None
+
+
+# *** step 2: mark realizes ***
+
+def mark_realizes(sink: UOp) -> dict[UOp, str]:
+  """The nodes that must become buffers, each with the reason."""
+  realizes: dict[UOp, str] = {}
+  for output in sink.src:
+    if buffer_base(output) is None: realizes[output] = "output"
+  for node in sink.toposort:
+    if node.op is Ops.CONTIGUOUS: realizes[node] = "contiguous requested"
+  return realizes
+
+
+# *** step 3: consumers ***
+
+def find_consumers(sink: UOp) -> dict[UOp, list[UOp]]:
+  consumers: dict[UOp, list[UOp]] = defaultdict(list)
+  for node in sink.toposort:
+    for source in node.src: consumers[source].append(node)
+  return consumers
+
+
+# *** step 4: push indices up the graph ***
+
+def _strides(shape: tuple) -> list:
+  strides, running = [], 1
+  for size in reversed(shape):
+    strides.append(running)
+    running = running * size
+  return list(reversed(strides))
+
+
+def linear_index(idx: Index, shape: tuple) -> UOp:
+  total = as_index(0)
+  for i, stride in zip(idx, _strides(shape)): total = total + i * stride
+  return total
+
+
+def _simplified(idx: Index, valid: UOp) -> tuple[Index, UOp]:
+  both = simplify(UOp.sink(*idx, valid))
+  return both.src[:-1], both.src[-1]
+
+
+def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | None]:
+  """Index a movement op at `idx`: the index into its source, the validity of that access, and for a pad the
+  in-bounds condition (the value outside it is 0)."""
+  op, source_shape = node.op, node.src[0].shape
+  if op is Ops.RESHAPE:
+    flat = linear_index(idx, node.shape)
+    new = tuple((flat // stride) % size for stride, size in zip(_strides(source_shape), source_shape))
+  elif op is Ops.EXPAND:
+    new = tuple(as_index(0) if _is_one(old) else i for i, old in zip(idx, source_shape))
+  elif op is Ops.PERMUTE:
+    new = tuple(idx[node.arg.index(axis)] for axis in range(len(idx)))
+  elif op is Ops.SHRINK:
+    begins = node.src[1:1 + len(idx)]
+    new = tuple(i + begin for i, begin in zip(idx, begins))
+  elif op is Ops.FLIP:
+    new = tuple((as_index(size) - 1 - i) if axis in node.arg else i
+                for axis, (i, size) in enumerate(zip(idx, source_shape)))
+  elif op is Ops.PAD:
+    begins = node.src[1:1 + len(idx)]
+    in_bounds = TRUE
+    for i, begin, size in zip(idx, begins, source_shape):
+      in_bounds = in_bounds & (i < begin).logical_not() & (i < begin + size)
+    new, in_bounds = _simplified(tuple(i - begin for i, begin in zip(idx, begins)), in_bounds)
+    return new, simplify(valid & in_bounds), in_bounds
+  else:
+    raise ValueError(f"{op} is not a movement op")
+  new, valid = _simplified(new, valid)
+  return new, valid, None
+
+
+def _is_one(size: object) -> bool:
+  return isinstance(size, int) and size == 1
+
+
+def fresh_ranges(shape: tuple, axes: Iterator[int], kind: str = "loop") -> Index:
+  return tuple(UOp.range(size, next(axes), kind) if not _is_one(size) else as_index(0) for size in shape)
+
+
+@dataclass(frozen=True)
+class Request:
+  """A consumer's demand: the node's value at `idx` where `valid` holds, inside loops over `scope`."""
+  idx: Index
+  valid: UOp
+  scope: frozenset
+
+
+def source_requests(node: UOp, request: Request, axes: Iterator[int]) -> list[tuple[UOp, Request]]:
+  """The requests a node makes of its sources to produce its value at `request`."""
+  if node.op in LEAVES: return []
+  if node.op in GroupOp.Movement:
+    idx, valid, _ = index_through(node, request.idx, request.valid)
+    return [(node.src[0], Request(idx, valid, request.scope))]
+  if node.op is Ops.REDUCE_AXIS:
+    source_shape = node.src[0].shape
+    reduce_ranges = {axis: fresh_ranges((source_shape[axis],), axes, "reduce")[0] for axis in node.arg[1]}
+    idx = tuple(reduce_ranges.get(axis, i) for axis, i in enumerate(request.idx))
+    scope = request.scope | {r for r in reduce_ranges.values() if r.op is Ops.RANGE}
+    return [(node.src[0], Request(idx, request.valid, scope))]
+  return [(source, request) for source in node.src if source.op not in (Ops.DEVICE, Ops.UNIQUE)]
+
+
+def _ranges_in(idx: Index) -> set[UOp]:
+  return {node for i in idx for node in i.toposort if node.op is Ops.RANGE}
+
+
+def _has_unrealized_reduce(node: UOp, realizes: dict[UOp, str]) -> bool:
+  stack, seen = [node], set()
+  while stack:
+    current = stack.pop()
+    if current in seen: continue
+    seen.add(current)
+    if current.op is Ops.REDUCE_AXIS: return True
+    stack.extend(s for s in current.src if s not in realizes)
+  return False
+
+
+def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp, str],
+                         inline: set[UOp]) -> str | None:
+  if node.op is Ops.REDUCE_AXIS:
+    for request in requests:
+      if missing := request.scope - _ranges_in(request.idx):
+        names = ", ".join(sorted(f"r{r.arg[0]}" for r in missing))
+        return f"its reduction would be recomputed for every value of {names} (the consumer broadcasts it)"
+  if len({(r.idx, r.valid) for r in requests}) > 1 and node not in inline and _has_unrealized_reduce(node, realizes):
+    return f"{len(requests)} consumers index it differently and recomputing it repeats a reduction"
+  return None
+
+
+def decide_buffers(sink: UOp, realizes: dict[UOp, str], inline: set[UOp]) -> dict[UOp, str]:
+  """Walk from consumers to producers collecting what each node is asked for; decide which become buffers."""
+  realizes = dict(realizes)
+  axes = itertools.count()
+  requests: dict[UOp, dict[tuple, Request]] = defaultdict(dict)
+  for node in reversed(list(sink.toposort)):
+    if node.op in LEAVES or node is sink: continue
+    if node in realizes:
+      mine = [Request(fresh_ranges(node.shape, axes), TRUE, frozenset())]
+    elif node in requests:
+      mine = list(requests[node].values())
+      if reason := _reason_to_bufferize(node, mine, realizes, inline):
+        realizes[node] = reason
+        mine = [Request(fresh_ranges(node.shape, axes), TRUE, frozenset())]
+    else:
+      continue
+    if node in realizes: mine = [Request(r.idx, r.valid, frozenset(_ranges_in(r.idx))) for r in mine]
+    for request in mine:
+      for source, source_request in source_requests(node, request, axes):
+        requests[source].setdefault((source_request.idx, source_request.valid), source_request)
+  return realizes
+
+
+# *** step 5: cost decisions ***
+
+def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, str]) -> dict[UOp, str]:
+  """Buffers were inserted generously; recompute instead where no reduction would repeat. Repeat the index walk
+  with those nodes forced inline until nothing changes (the forced set only grows, so this ends)."""
+  inline: set[UOp] = set()
+  while True:
+    cheap = {node for node, reason in realizes.items()
+             if node not in required and "index it differently" in reason and
+             not _has_unrealized_reduce(node, realizes)}
+    if not cheap - inline: return realizes
+    inline |= cheap
+    realizes = decide_buffers(sink, required, inline)
+
+
+# *** step 6: emit kernels ***
+
+class KernelBuilder:
+  """Builds the kernel that stores `root` into its buffer: every other realized node is read from its buffer."""
+
+  def __init__(self, root: UOp, output: UOp, buffers_of: dict[UOp, UOp]):
+    self.root, self.output, self.buffers_of = root, output, buffers_of
+    self.params: dict[UOp, UOp] = {}
+    self.var_values: dict[UOp, int] = {}
+    self.axes = itertools.count()
+    self.cache: dict[tuple, UOp] = {}
+
+  def param(self, buffer: UOp) -> UOp:
+    if buffer not in self.params:
+      self.params[buffer] = UOp(Ops.DEFINE_GLOBAL, buffer.dtype.ptr(buffer.arg), arg=len(self.params))
+    return self.params[buffer]
+
+  def load(self, buffer: UOp, shape: tuple, idx: Index, valid: UOp) -> UOp:
+    index = simplify(linear_index(idx, shape))
+    gate = (valid,) if valid is not TRUE else ()
+    return UOp(Ops.LOAD, buffer.dtype, (UOp(Ops.INDEX, buffer.dtype.ptr(buffer.arg), (self.param(buffer), index,
+                                                                                     *gate)),))
+
+  def build(self) -> UOp:
+    self.param(self.output)
+    idx = fresh_ranges(self.root.shape, self.axes)
+    value = self.lower(self.root, idx, TRUE)
+    store_index = UOp(Ops.INDEX, self.output.dtype.ptr(self.output.arg),
+                      (self.params[self.output], simplify(linear_index(idx, self.root.shape))))
+    store = UOp(Ops.STORE, dtypes.void, (store_index, value.cast(self.output.dtype)))
+    return simplify(UOp(Ops.SINK, dtypes.void, (store,), kernel_name(self.root, store)))
+
+  def lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
+    key = (node, idx, valid)
+    if key not in self.cache: self.cache[key] = self._lower(node, idx, valid)
+    return self.cache[key]
+
+  def _lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
+    op = node.op
+    if node is not self.root and node in self.buffers_of:
+      return self.load(self.buffers_of[node], node.shape, idx, valid)
+    if op is Ops.BUFFER: return self.load(node, node.shape, idx, valid)
+    if op is Ops.CONST: return UOp.const(node.dtype, node.arg)
+    if op is Ops.IOTA: return idx[0].cast(node.dtype)
+    if op is Ops.BIND:
+      variable, value = node.src
+      self.var_values[variable] = value.arg
+      return variable
+    if op is Ops.DEFINE_VAR: return node
+    if op in GroupOp.Movement:
+      source_idx, source_valid, in_bounds = index_through(node, idx, valid)
+      value = self.lower(node.src[0], source_idx, source_valid)
+      if in_bounds is None or in_bounds is TRUE: return value
+      return UOp(Ops.WHERE, node.dtype, (in_bounds, value, UOp.const(node.dtype, 0)))
+    if op is Ops.REDUCE_AXIS:
+      reduce_op, axes = node.arg
+      source_shape = node.src[0].shape
+      ranges = {axis: fresh_ranges((source_shape[axis],), self.axes, "reduce")[0] for axis in axes}
+      source_idx = tuple(ranges.get(axis, i) for axis, i in enumerate(idx))
+      body = self.lower(node.src[0], source_idx, valid)
+      loop_ranges = tuple(r for r in ranges.values() if r.op is Ops.RANGE)
+      return UOp(Ops.REDUCE, node.dtype, (body, *loop_ranges), reduce_op)
+    if op in (Ops.CONTIGUOUS, Ops.REALIZE): return self.lower(node.src[0], idx, valid)
+    if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
+      return UOp(op, node.dtype, tuple(self.lower(source, idx, valid) for source in node.src))
+    raise NotImplementedError(f"rangeify cannot lower {op} yet")
+
+
+def kernel_name(root: UOp, store: UOp) -> str:
+  """E_ for elementwise kernels, r_ for reductions, then the output shape (and the reduced sizes)."""
+  reduces = [node for node in store.toposort if node.op is Ops.REDUCE]
+  sizes = "_".join(_size_name(as_index(s)) for s in root.shape) or "1"
+  if not reduces: return f"E_{sizes}"
+  reduced = "_".join(_size_name(r.src[0]) for node in reduces for r in node.src[1:])
+  return f"r_{sizes}_{reduced}" if reduced else f"r_{sizes}"
+
+
+def _size_name(size: UOp) -> str:
+  return str(size.arg) if size.op is Ops.CONST else size.render()
+
+
+# *** the pipeline ***
+
+def create_schedule(outputs: list[UOp]) -> Schedule:
+  """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph."""
+  sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
+  cleaned = dict(zip(outputs, sink.src))
+  required = mark_realizes(sink)
+  realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set()), required)
+  buffers_of: dict[UOp, UOp] = {}
+  items: list[ScheduleItem] = []
+  for node in sink.toposort:
+    if node not in realizes: continue
+    buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=_next_buffer_id()), UOp(Ops.DEVICE, arg=_device(node))),
+                 prod(node.shape))
+    buffers_of[node] = buffer
+    builder = KernelBuilder(node, buffer, buffers_of)
+    ast = builder.build()
+    items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items())))
+    if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
+  becomes_map: dict[UOp, UOp] = {}
+  for original, cleaned_output in cleaned.items():
+    if cleaned_output in buffers_of: becomes_map[original] = buffers_of[cleaned_output].reshape(original.shape)
+    elif cleaned_output is not original: becomes_map[original] = cleaned_output
+  for node, buffer in buffers_of.items():
+    if node not in cleaned.values(): becomes_map[node] = buffer.reshape(node.shape)
+  return Schedule(items, becomes_map, realizes)
+
+
+_buffer_ids = itertools.count(1 << 40)
+
+
+def _next_buffer_id() -> int:
+  return next(_buffer_ids)
+
+
+def _device(node: UOp) -> str:
+  for current in node.toposort:
+    if current.op is Ops.DEVICE: return current.arg
+  raise ValueError(f"{node.op} has no device")

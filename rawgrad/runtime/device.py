@@ -1,0 +1,174 @@
+"""Devices, buffers and allocators."""
+from __future__ import annotations
+
+import importlib
+import weakref
+from collections import defaultdict
+from typing import Any
+
+import numpy as np
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.dtype import DType, dtypes
+from rawgrad.helpers import getenv
+
+
+class Allocator:
+  """Allocates device memory; freed allocations are kept by size and handed out again (most recent first), so a
+  training loop stops asking the device for memory after its first step."""
+
+  def __init__(self, cache_limit_bytes: int = 1 << 30):
+    self.cache: dict[int, list[Any]] = defaultdict(list)
+    self.cached_bytes, self.cache_limit_bytes = 0, cache_limit_bytes
+
+  def alloc(self, nbytes: int) -> Any:
+    if self.cache[nbytes]:
+      self.cached_bytes -= nbytes
+      return self.cache[nbytes].pop()
+    return self._alloc(nbytes)
+
+  def free(self, raw: Any, nbytes: int) -> None:
+    if self.cached_bytes + nbytes > self.cache_limit_bytes:
+      self._free(raw, nbytes)
+      return
+    self.cached_bytes += nbytes
+    self.cache[nbytes].append(raw)
+
+  def clear_cache(self) -> None:
+    for nbytes, raws in self.cache.items():
+      for raw in raws: self._free(raw, nbytes)
+    self.cache.clear()
+    self.cached_bytes = 0
+
+  # device-specific
+  def _alloc(self, nbytes: int) -> Any:
+    raise NotImplementedError
+
+  def _free(self, raw: Any, nbytes: int) -> None:
+    raise NotImplementedError
+
+  def address(self, raw: Any) -> int:
+    raise NotImplementedError
+
+  def copyin(self, raw: Any, data: memoryview) -> None:
+    raise NotImplementedError
+
+  def copyout(self, dest: memoryview, raw: Any) -> None:
+    raise NotImplementedError
+
+
+class Compiled:
+  """A device: its allocator, its compiler and how to load a compiled program."""
+
+  def __init__(self, name: str, allocator: Allocator, compiler: Any, program_class: Any, renderer: Any):
+    self.name, self.allocator, self.compiler, self.program_class, self.renderer = name, allocator, compiler, \
+      program_class, renderer
+
+  def synchronize(self) -> None:
+    """Wait for all submitted work; devices that run synchronously have nothing to wait for."""
+
+
+class _DeviceRegistry:
+  """`Device["CPU"]` opens a device by name (case-insensitive); `Device.DEFAULT` is the default device."""
+  _drivers = {"CPU": "rawgrad.drivers.cpu"}
+
+  def __init__(self) -> None:
+    self._opened: dict[str, Compiled] = {}
+
+  @property
+  def DEFAULT(self) -> str:
+    return self.canonicalize(getenv("DEVICE", "CPU"))
+
+  def canonicalize(self, name: str | None) -> str:
+    if name is None: return self.DEFAULT
+    base = name.split(":")[0].upper()
+    if base not in self._drivers:
+      raise ValueError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
+    return base + name[len(base):]
+
+  def __getitem__(self, name: str) -> Compiled:
+    name = self.canonicalize(name)
+    if name not in self._opened:
+      module = importlib.import_module(self._drivers[name.split(":")[0]])
+      self._opened[name] = module.open_device(name)
+    return self._opened[name]
+
+
+Device = _DeviceRegistry()
+
+
+class Buffer:
+  """Memory on a device holding `size` elements of `dtype`; allocated on first use."""
+
+  def __init__(self, device: str, size: int, dtype: DType):
+    if size < 0: raise ValueError(f"buffer size must be non-negative, got {size}")
+    self.device, self.size, self.dtype = device, size, dtype
+    self._raw: Any = None
+    self._initial: np.ndarray | None = None
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * self.dtype.itemsize
+
+  @property
+  def allocator(self) -> Allocator:
+    return Device[self.device].allocator
+
+  @property
+  def is_allocated(self) -> bool:
+    return self._raw is not None
+
+  def set_initial(self, data: np.ndarray) -> None:
+    """Data copied in when the buffer is allocated (keeps creation lazy)."""
+    if data.size != self.size:
+      raise ValueError(f"initial data has {data.size} elements, the buffer holds {self.size}")
+    self._initial = data
+
+  def ensure_allocated(self) -> Buffer:
+    if self._raw is None:
+      self._raw = self.allocator.alloc(max(self.nbytes, 1))
+      if self._initial is not None:
+        self.copyin(memoryview(self._initial.reshape(-1).view(np.uint8)))
+        self._initial = None
+    return self
+
+  @property
+  def raw(self) -> Any:
+    return self.ensure_allocated()._raw
+
+  @property
+  def address(self) -> int:
+    return self.allocator.address(self.raw)
+
+  def copyin(self, data: memoryview) -> None:
+    if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
+    self.allocator.copyin(self.raw, data)
+
+  def numpy(self) -> np.ndarray:
+    """A copy of the contents as a flat numpy array."""
+    if self._raw is None and self._initial is not None: return self._initial.reshape(-1).copy()
+    out = np.empty(self.size, dtype=dtypes.to_numpy(self.dtype))
+    if self.size: self.allocator.copyout(memoryview(out.view(np.uint8)), self.raw)
+    return out
+
+  def __del__(self) -> None:
+    if getattr(self, "_raw", None) is not None:
+      try:
+        self.allocator.free(self._raw, max(self.nbytes, 1))
+      except Exception:  # noqa: BLE001 - at interpreter exit the device may already be gone
+        pass
+
+  def __repr__(self) -> str:
+    state = "allocated" if self.is_allocated else "lazy"
+    return f"<Buffer {self.device} {self.size} x {self.dtype!r} {state}>"
+
+
+_buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+
+
+def buffer_for(node: UOp) -> Buffer:
+  """The Buffer behind a BUFFER node; it lives as long as the node does."""
+  if node.op is not Ops.BUFFER: raise TypeError(f"{node.op} is not a buffer node")
+  if (found := _buffers.get(node)) is None:
+    found = _buffers[node] = Buffer(node.src[1].arg, node.arg, node.dtype)
+  return found

@@ -1,0 +1,113 @@
+"""Run a schedule: lower each kernel to a compiled runner, execute it, count and report what it did."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost, linearize
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rangeify import ScheduleItem, buffer_base, create_schedule
+from rawgrad.compiler.rewrite import substitute
+from rawgrad.dtype import dtypes
+from rawgrad.helpers import DEBUG
+from rawgrad.runtime.compile import compile_cached
+from rawgrad.runtime.device import Buffer, Device, buffer_for
+
+
+class GlobalCounters:
+  """Totals since the last reset(): kernels launched, ALU operations, bytes moved, kernel time."""
+  kernel_count = 0
+  global_ops = 0
+  global_mem = 0
+  time_sum_s = 0.0
+
+  @staticmethod
+  def reset() -> None:
+    GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0, 0
+    GlobalCounters.time_sum_s = 0.0
+
+
+@dataclass
+class CompiledRunner:
+  """A kernel ready to run on one device: its program, its source and the loaded machine code."""
+  name: str
+  device: str
+  program: list[UOp]
+  source: str
+  runtime: object
+  variables: tuple[UOp, ...]
+
+  def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> float:
+    arguments = [buffer.address for buffer in buffers] + [var_values[v] for v in self.variables]
+    start = time.perf_counter()
+    self.runtime(*arguments)
+    return time.perf_counter() - start
+
+
+_runners: dict[tuple[str, UOp], CompiledRunner] = {}
+
+
+def get_runner(device: str, ast: UOp) -> CompiledRunner:
+  """The compiled kernel for an AST, from the in-memory cache (ASTs are hash-consed) or compiled now."""
+  key = (device, ast)
+  if key not in _runners:
+    compiled = Device[device]
+    program = linearize(ast)
+    source = compiled.renderer.render(ast.arg, program)
+    if DEBUG >= 4: print(source)
+    obj = compile_cached(compiled.compiler, source)
+    variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
+    runtime = compiled.program_class(_symbol(ast.arg), obj)
+    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, variables)
+  return _runners[key]
+
+
+def _symbol(name: str) -> str:
+  from rawgrad.compiler.render.llvmir import _symbol as llvm_symbol
+  return llvm_symbol(name)
+
+
+def run_schedule(items: list[ScheduleItem]) -> None:
+  for item in items:
+    buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
+    runner = get_runner(buffers[0].device, item.ast)
+    var_values = dict(item.var_values)
+    seconds = runner(buffers, var_values)
+    cost = estimate_cost(runner.program, var_values)
+    GlobalCounters.kernel_count += 1
+    GlobalCounters.global_ops += cost.flops
+    GlobalCounters.global_mem += cost.bytes_moved
+    GlobalCounters.time_sum_s += seconds
+    if DEBUG >= 2: print(_kernel_line(runner.name, seconds, cost))
+
+
+def _kernel_line(name: str, seconds: float, cost: KernelCost) -> str:
+  gflops = cost.flops / seconds / 1e9 if seconds else 0.0
+  gbs = cost.bytes_moved / seconds / 1e9 if seconds else 0.0
+  return (f"*** kernel {GlobalCounters.kernel_count:4d} {name:<32} {seconds * 1e6:9.2f} us "
+          f"{gflops:9.2f} GFLOPS {gbs:8.2f} GB/s")
+
+
+def realize_tensors(tensors: list) -> None:
+  """Compute the given tensors into buffers; every live tensor that shared their graphs now reads the buffers."""
+  from rawgrad.tensor import all_tensors
+  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
+  if not outputs: return
+  schedule = create_schedule(outputs)
+  becomes_map = schedule.becomes_map
+  for tensor in list(all_tensors):
+    if any(node in becomes_map for node in tensor.uop.toposort):
+      tensor.uop = substitute(tensor.uop, becomes_map)
+  run_schedule(schedule.items)
+
+
+def read_numpy(tensor) -> np.ndarray:
+  if any(not isinstance(s, int) for s in tensor.shape):
+    raise ValueError(f"cannot read a tensor with symbolic shape {tensor.shape} into numpy")
+  if buffer_base(tensor.uop) is None: tensor.realize()
+  base = buffer_base(tensor.uop)
+  values = buffer_for(base).numpy()
+  if tensor.dtype == dtypes.bfloat16: values = (values.astype(np.uint32) << 16).view(np.float32)
+  return values.reshape(tensor.shape)

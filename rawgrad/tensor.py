@@ -1,0 +1,565 @@
+"""The user-facing Tensor: lazy, PyTorch-style. Every operation builds UOps; nothing runs until realize()."""
+from __future__ import annotations
+
+import itertools
+import math
+import weakref
+from typing import Any, Sequence
+
+import numpy as np
+
+from rawgrad.compiler.ir import Ops, UOp, sint
+from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
+from rawgrad.helpers import all_same, prod
+
+_unique_ids = itertools.count()
+all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+
+
+def _device_node(device: str) -> UOp:
+  return UOp(Ops.DEVICE, arg=device)
+
+
+def _canonical_device(device: str | None) -> str:
+  from rawgrad.runtime.device import Device
+  return Device.canonicalize(device)
+
+
+def _buffer_uop(shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
+  """A fresh buffer node viewed with `shape`; the buffer itself is allocated when it is first used."""
+  size = prod(shape)
+  node = UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, arg=next(_unique_ids)), _device_node(device)), size)
+  return node.reshape(shape)
+
+
+def _nested_shape(data: Any) -> tuple[int, ...]:
+  if not isinstance(data, (list, tuple)): return ()
+  if not data: return (0,)
+  inner = [_nested_shape(item) for item in data]
+  if not all_same(inner): raise ValueError(f"nested sequence is ragged: sub-shapes {sorted(set(inner))}")
+  return (len(data), *inner[0])
+
+
+def _flat(data: Any) -> list:
+  if not isinstance(data, (list, tuple)): return [data]
+  return [value for item in data for value in _flat(item)]
+
+
+def _resolve_axis(axis: int, ndim: int) -> int:
+  if not -max(ndim, 1) <= axis < max(ndim, 1): raise IndexError(f"axis {axis} is out of range for {ndim} dimensions")
+  return axis % ndim if ndim else 0
+
+
+class Tensor:
+  """A lazily evaluated n-dimensional array."""
+  __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+
+  def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
+               requires_grad: bool | None = None):
+    device = _canonical_device(device)
+    if isinstance(data, UOp): uop = data
+    elif isinstance(data, Tensor): uop = data.uop if dtype is None else data.uop.cast(dtype)
+    elif isinstance(data, np.ndarray): uop = _from_numpy(data, device, dtype)
+    elif isinstance(data, (bool, int, float)):
+      dtype = dtype or dtypes.from_py(data)
+      uop = UOp.const(dtype, data, (_device_node(device),))
+    elif isinstance(data, (list, tuple)):
+      shape = _nested_shape(data)
+      dtype = dtype or dtypes.from_py(data)
+      uop = _from_numpy(np.array(_flat(data), dtype=dtypes.to_numpy(dtype)).reshape(shape), device, dtype)
+    else:
+      raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+    self.uop: UOp = uop
+    self.requires_grad = requires_grad
+    self.grad: Tensor | None = None
+    all_tensors.add(self)
+
+  # *** properties ***
+
+  @property
+  def shape(self) -> tuple[sint, ...]:
+    return self.uop.shape
+
+  @property
+  def dtype(self) -> DType:
+    return self.uop.dtype
+
+  @property
+  def device(self) -> str:
+    return _device_of(self.uop)
+
+  @property
+  def ndim(self) -> int:
+    return len(self.shape)
+
+  def numel(self) -> sint:
+    return prod(self.shape)
+
+  def size(self, dim: int | None = None) -> Any:
+    return self.shape if dim is None else self.shape[_resolve_axis(dim, self.ndim)]
+
+  def __len__(self) -> int:
+    if not self.shape: raise TypeError("len() of a 0-d tensor")
+    return self.shape[0]
+
+  def __repr__(self) -> str:
+    return f"<Tensor shape={self.shape} dtype={self.dtype!r} device={self.device}>"
+
+  # *** creation ***
+
+  @staticmethod
+  def empty(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    return Tensor(_buffer_uop(_shape_arg(shape), dtype or dtypes.default_float, _canonical_device(device)))
+
+  @staticmethod
+  def full(shape: Any, fill_value: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+    dtype = dtype or dtypes.from_py(fill_value)
+    const = Tensor(fill_value, device=device, dtype=dtype)
+    return const.reshape((1,) * len(shape)).expand(shape)
+
+  @staticmethod
+  def zeros(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    return Tensor.full(_shape_arg(shape), 0, dtype or dtypes.default_float, device)
+
+  @staticmethod
+  def ones(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    return Tensor.full(_shape_arg(shape), 1, dtype or dtypes.default_float, device)
+
+  @staticmethod
+  def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | None = None,
+             device: str | None = None) -> Tensor:
+    if stop is None: start, stop = 0, start
+    if step == 0: raise ValueError("arange step must not be zero")
+    count = max(0, math.ceil((stop - start) / step))
+    dtype = dtype or (dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step))
+                      else dtypes.default_int)
+    index = Tensor(UOp(Ops.IOTA, dtypes.int32, (_device_node(_canonical_device(device)), UOp.const(dtypes.index,
+                                                                                                   count))))
+    return (index.cast(dtype) * step + start).cast(dtype)
+
+  def full_like(self, fill_value: Any, dtype: DType | None = None) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
+
+  def zeros_like(self, dtype: DType | None = None) -> Tensor:
+    return self.full_like(0, dtype)
+
+  def ones_like(self, dtype: DType | None = None) -> Tensor:
+    return self.full_like(1, dtype)
+
+  # *** realizing and reading ***
+
+  def realize(self) -> Tensor:
+    from rawgrad.runtime.realize import realize_tensors
+    realize_tensors([self])
+    return self
+
+  def contiguous(self) -> Tensor:
+    return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
+
+  def numpy(self) -> np.ndarray:
+    from rawgrad.runtime.realize import read_numpy
+    return read_numpy(self)
+
+  def tolist(self) -> Any:
+    return self.numpy().tolist()
+
+  def item(self) -> Any:
+    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+    return self.numpy().reshape(()).item()
+
+  # *** broadcasting and dtype promotion ***
+
+  def _to_tensor_like(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    """Both operands as Tensors of one dtype: a Python scalar adopts the tensor's dtype unless it is of a higher
+    category (bool < int < float), as in PyTorch."""
+    if isinstance(other, Tensor):
+      if other.device != self.device:
+        raise RuntimeError(f"tensors are on different devices: {self.device} and {other.device}")
+      dtype = least_upper_dtype(self.dtype, other.dtype)
+      return self.cast(dtype), other.cast(dtype)
+    if not isinstance(other, (bool, int, float)):
+      raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor operation")
+    dtype = _scalar_result_dtype(self.dtype, other)
+    return self.cast(dtype), Tensor(other, self.device, dtype)
+
+  def _broadcasted(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
+    x, y = self._to_tensor_like(other)
+    shape = broadcast_shape(x.shape, y.shape)
+    x, y = x._broadcast_to(shape), y._broadcast_to(shape)
+    return (y, x) if reverse else (x, y)
+
+  def _broadcast_to(self, shape: tuple) -> Tensor:
+    if self.shape == shape: return self
+    padded = (1,) * (len(shape) - self.ndim) + tuple(self.shape)
+    return self.reshape(padded).expand(shape)
+
+  def expand(self, *shape: Any) -> Tensor:
+    shape = _shape_arg(shape)
+    if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dimensions {shape}")
+    shape = tuple(old if new == -1 else new for old, new in zip((None,) * (len(shape) - self.ndim) + self.shape, shape))
+    if None in shape: raise ValueError(f"-1 is not allowed for new leading dimensions in expand to {shape}")
+    broadcast_shape(self.shape, shape)  # names the shapes when they do not broadcast
+    return self._apply_movement(lambda u: u.reshape((1,) * (len(shape) - self.ndim) + tuple(self.shape))
+                                .expand(shape))
+
+  def _apply_movement(self, build: Any) -> Tensor:
+    return Tensor(build(self.uop))
+
+  # *** elementwise ***
+
+  def _binary(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, reverse)
+    return Tensor(x.uop.alu(op, y.uop))
+
+  def add(self, other: Any, reverse: bool = False) -> Tensor:
+    return self._binary(Ops.ADD, other, reverse)
+
+  def mul(self, other: Any, reverse: bool = False) -> Tensor:
+    return self._binary(Ops.MUL, other, reverse)
+
+  def sub(self, other: Any, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, reverse)
+    return x + (-y)
+
+  def div(self, other: Any, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, reverse)
+    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
+    return Tensor(x.uop.alu(Ops.FDIV, y.uop))
+
+  def neg(self) -> Tensor:
+    if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not()")
+    return Tensor(self.uop.alu(Ops.MUL, self._scalar(-1).uop))
+
+  def _scalar(self, value: Any) -> Tensor:
+    return Tensor(value, self.device, self.dtype)._broadcast_to(self.shape)
+
+  def cast(self, dtype: DType) -> Tensor:
+    if dtype == self.dtype: return self
+    if dtype == dtypes.bool and self.dtype != dtypes.bool: return self != 0
+    return Tensor(self.uop.cast(dtype))
+
+  def float(self) -> Tensor:
+    return self.cast(dtypes.float32)
+
+  def int(self) -> Tensor:
+    return self.cast(dtypes.int32)
+
+  def bool(self) -> Tensor:
+    return self.cast(dtypes.bool)
+
+  def _float_unary(self, op: Ops) -> Tensor:
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    return Tensor(UOp(op, x.dtype, (x.uop,)))
+
+  def exp2(self) -> Tensor:
+    return self._float_unary(Ops.EXP2)
+
+  def log2(self) -> Tensor:
+    return self._float_unary(Ops.LOG2)
+
+  def exp(self) -> Tensor:
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    return (x * (1 / math.log(2))).exp2()
+
+  def log(self) -> Tensor:
+    return self.log2() * math.log(2)
+
+  def sqrt(self) -> Tensor:
+    return self._float_unary(Ops.SQRT)
+
+  def sin(self) -> Tensor:
+    return self._float_unary(Ops.SIN)
+
+  def reciprocal(self) -> Tensor:
+    return self._float_unary(Ops.RECIPROCAL)
+
+  def relu(self) -> Tensor:
+    return self.maximum(0)
+
+  def maximum(self, other: Any) -> Tensor:
+    return self._binary(Ops.MAX, other)
+
+  def minimum(self, other: Any) -> Tensor:
+    x, y = self._broadcasted(other)
+    if dtypes.is_unsigned(x.dtype) or x.dtype == dtypes.bool: return (x < y).where(x, y)
+    return -((-x).maximum(-y))
+
+  def where(self, if_true: Any, if_false: Any) -> Tensor:
+    condition = self.cast(dtypes.bool)
+    if isinstance(if_true, Tensor): x, y = if_true._broadcasted(if_false)
+    elif isinstance(if_false, Tensor): y, x = if_false._broadcasted(if_true)
+    else:
+      dtype = least_upper_dtype(dtypes.from_py(if_true), dtypes.from_py(if_false))
+      x, y = Tensor(if_true, self.device, dtype), Tensor(if_false, self.device, dtype)
+    shape = broadcast_shape(condition.shape, x.shape, y.shape)
+    condition, x, y = condition._broadcast_to(shape), x._broadcast_to(shape), y._broadcast_to(shape)
+    return Tensor(UOp(Ops.WHERE, x.dtype, (condition.uop, x.uop, y.uop)))
+
+  def logical_not(self) -> Tensor:
+    return Tensor(self.cast(dtypes.bool).uop.alu(Ops.XOR, self.cast(dtypes.bool)._scalar(True).uop))
+
+  def _compare(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
+    x, y = self._broadcasted(other, reverse)
+    return Tensor(x.uop.alu(op, y.uop))
+
+  def __lt__(self, other: Any) -> Tensor: return self._compare(Ops.CMPLT, other)
+  def __gt__(self, other: Any) -> Tensor: return self._compare(Ops.CMPLT, other, reverse=True)
+  def __ne__(self, other: Any) -> Tensor: return self._compare(Ops.CMPNE, other)  # type: ignore[override]
+  def __eq__(self, other: Any) -> Tensor: return (self != other).logical_not()  # type: ignore[override]
+  def __le__(self, other: Any) -> Tensor: return (self < other) | (self == other)
+  def __ge__(self, other: Any) -> Tensor: return (self > other) | (self == other)
+  __hash__ = object.__hash__
+
+  def __or__(self, other: Any) -> Tensor: return self._binary(Ops.OR, other)
+  def __and__(self, other: Any) -> Tensor: return self._binary(Ops.AND, other)
+  def __xor__(self, other: Any) -> Tensor: return self._binary(Ops.XOR, other)
+
+  def __add__(self, other: Any) -> Tensor: return self.add(other)
+  def __radd__(self, other: Any) -> Tensor: return self.add(other, True)
+  def __sub__(self, other: Any) -> Tensor: return self.sub(other)
+  def __rsub__(self, other: Any) -> Tensor: return self.sub(other, True)
+  def __mul__(self, other: Any) -> Tensor: return self.mul(other)
+  def __rmul__(self, other: Any) -> Tensor: return self.mul(other, True)
+  def __truediv__(self, other: Any) -> Tensor: return self.div(other)
+  def __rtruediv__(self, other: Any) -> Tensor: return self.div(other, True)
+  def __neg__(self) -> Tensor: return self.neg()
+  def __matmul__(self, other: Tensor) -> Tensor: return self.matmul(other)
+  def __rmatmul__(self, other: Tensor) -> Tensor: return Tensor(other).matmul(self)
+
+  # *** movement ***
+
+  def reshape(self, *shape: Any) -> Tensor:
+    shape = _shape_arg(shape)
+    if shape.count(-1) > 1: raise ValueError(f"only one dimension can be -1 in reshape to {shape}")
+    if -1 in shape:
+      known = prod(s for s in shape if s != -1)
+      if known == 0 or self.numel() % known != 0:
+        raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+      shape = tuple(self.numel() // known if s == -1 else s for s in shape)
+    return Tensor(self.uop.reshape(shape))
+
+  def view(self, *shape: Any) -> Tensor:
+    return self.reshape(*shape)
+
+  def permute(self, *order: Any) -> Tensor:
+    order = _shape_arg(order)
+    if len(order) != self.ndim:
+      raise ValueError(f"permute order {order} has {len(order)} axes, but the tensor has shape {self.shape}")
+    return Tensor(self.uop.permute(tuple(_resolve_axis(axis, self.ndim) for axis in order)))
+
+  def pad(self, padding: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
+    """Pad each axis by (before, after) elements of `value`: one pair per axis, first axis first."""
+    padding = tuple(tuple(p) for p in padding)
+    if len(padding) != self.ndim:
+      raise ValueError(f"pad needs {self.ndim} (before, after) pairs for shape {self.shape}, got {padding}")
+    padded = Tensor(self.uop.pad(padding))
+    if value == 0: return padded
+    inside = Tensor(self.full_like(True, dtypes.bool).uop.pad(padding))
+    return inside.where(padded, value)
+
+  def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
+    bounds = tuple((0, size) if b is None else tuple(b) for b, size in zip(bounds, self.shape))
+    if len(bounds) != self.ndim: raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}")
+    return Tensor(self.uop.shrink(bounds))
+
+  def flip(self, *axes: Any) -> Tensor:
+    axes = _shape_arg(axes)
+    return Tensor(self.uop.flip(tuple(_resolve_axis(axis, self.ndim) for axis in axes)))
+
+  def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
+    order = list(range(self.ndim))
+    a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
+    order[a], order[b] = order[b], order[a]
+    return self.permute(order)
+
+  @property
+  def T(self) -> Tensor:
+    return self.permute(tuple(reversed(range(self.ndim))))
+
+  def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    if self.ndim == 0: return self.reshape(1)
+    start, end = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
+    return self.reshape(*self.shape[:start], prod(self.shape[start:end + 1]), *self.shape[end + 1:])
+
+  def squeeze(self, dim: int | None = None) -> Tensor:
+    if dim is None: return self.reshape(*[s for s in self.shape if s != 1])
+    axis = _resolve_axis(dim, self.ndim)
+    if self.shape[axis] != 1: return self
+    return self.reshape(*self.shape[:axis], *self.shape[axis + 1:])
+
+  def unsqueeze(self, dim: int) -> Tensor:
+    axis = _resolve_axis(dim, self.ndim + 1)
+    return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
+
+  def __getitem__(self, index: Any) -> Tensor:
+    return _getitem(self, index)
+
+  # *** reductions ***
+
+  def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
+    axes = _reduce_axes(axis, self.ndim)
+    if self.ndim == 0: return self
+    kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
+    if not axes: reduced = self
+    else: reduced = Tensor(UOp(Ops.REDUCE_AXIS, self.dtype, (self.uop,), (op, axes)))
+    if keepdim: return reduced.reshape(kept) if reduced is not self else self
+    return reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
+
+  def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
+    return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.ADD, axis, keepdim)
+
+  def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    axes = _reduce_axes(axis, self.ndim)
+    if any(self.shape[a] == 0 for a in axes):
+      raise ValueError(f"max over an empty axis of shape {self.shape} has no identity (axis={axis})")
+    return self._reduce(Ops.MAX, axis, keepdim)
+
+  def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
+      # x ^ all-ones reverses the order of unsigned values (and of bools), so min is a max in between
+      return self._invert_order().max(axis, keepdim)._invert_order()
+    return -((-self).max(axis, keepdim))
+
+  def _invert_order(self) -> Tensor:
+    return Tensor(self.uop.alu(Ops.XOR, self._scalar(dtypes.max(self.dtype)).uop))
+
+  def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    axes = _reduce_axes(axis, self.ndim)
+    count = prod(self.shape[a] for a in axes) if self.ndim else 1
+    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    total = x.sum(axis, keepdim)
+    return total / count if count else total * math.nan
+
+  def matmul(self, other: Tensor) -> Tensor:
+    """Matrix product with PyTorch's rules for 1-D operands and batch broadcasting; one fused kernel."""
+    if not isinstance(other, Tensor): other = Tensor(other, self.device)
+    if self.ndim == 0 or other.ndim == 0:
+      raise ValueError(f"matmul needs tensors with at least one dimension, got {self.shape} and {other.shape}")
+    x = self.unsqueeze(0) if self.ndim == 1 else self
+    w = other.unsqueeze(1) if other.ndim == 1 else other
+    if x.shape[-1] != w.shape[-2]:
+      raise ValueError(f"matmul shapes {self.shape} and {other.shape} do not match: {x.shape[-1]} != {w.shape[-2]}")
+    # x: (..., n, k, 1) times w: (..., 1, k, m), summed over k
+    product = x.unsqueeze(-1) * w.unsqueeze(-3)
+    result = product.sum(-2, dtype=least_upper_dtype(self.dtype, other.dtype) if dtypes.is_float(
+      least_upper_dtype(self.dtype, other.dtype)) else None)
+    if self.ndim == 1: result = result.squeeze(-2)
+    if other.ndim == 1: result = result.squeeze(-1)
+    return result
+
+  def dot(self, other: Tensor) -> Tensor:
+    return self.matmul(other)
+
+
+# *** helpers ***
+
+def _device_of(node: UOp) -> str:
+  for current in node.toposort:
+    if current.op is Ops.DEVICE: return current.arg
+  raise RuntimeError(f"{node.op} has no device")
+
+
+def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
+  from rawgrad.runtime.device import buffer_for
+  dtype = dtype or dtypes.from_numpy(array.dtype)
+  data = np.ascontiguousarray(array, dtype=dtypes.to_numpy(dtype))
+  uop = _buffer_uop(data.shape, dtype, device)
+  buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
+  return uop
+
+
+def _shape_arg(shape: tuple) -> tuple:
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  for size in shape:
+    if not isinstance(size, (int, UOp)) or isinstance(size, bool):
+      raise TypeError(f"shape entries must be ints, got {type(size).__name__} {size!r} in {shape}")
+  return tuple(shape)
+
+
+def broadcast_shape(*shapes: tuple) -> tuple:
+  """The shape several shapes broadcast to, as in numpy and PyTorch."""
+  ndim = max(len(shape) for shape in shapes)
+  padded = [(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]
+  result = []
+  for sizes in zip(*padded):
+    others = {size for size in sizes if size != 1}
+    if len(others) > 1:
+      raise ValueError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+    result.append(others.pop() if others else 1)
+  return tuple(result)
+
+
+def _scalar_result_dtype(dtype: DType, value: Any) -> DType:
+  category = {dtypes.bool: 0}.get(dtype, 2 if dtypes.is_float(dtype) else 1)
+  value_category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
+  if value_category <= category: return dtype
+  return dtypes.default_float if value_category == 2 else dtypes.default_int
+
+
+def _reduce_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+  if axis is None: return tuple(range(ndim))
+  axes = (axis,) if isinstance(axis, int) else tuple(axis)
+  resolved = tuple(sorted({_resolve_axis(a, ndim) for a in axes}))
+  if len(resolved) != len(axes): raise ValueError(f"axis {axis} repeats an axis")
+  return resolved
+
+
+def _getitem(tensor: Tensor, index: Any) -> Tensor:
+  """Basic indexing: ints, slices (any step), None and Ellipsis."""
+  items = list(index) if isinstance(index, tuple) else [index]
+  if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
+  consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
+  if consumed > tensor.ndim:
+    raise IndexError(f"too many indices for a tensor of shape {tensor.shape}: {consumed} given")
+  if Ellipsis in items:
+    at = items.index(Ellipsis)
+    items[at:at + 1] = [slice(None)] * (tensor.ndim - consumed)
+  else:
+    items += [slice(None)] * (tensor.ndim - consumed)
+  result, axis, final_shape = tensor, 0, []
+  for item in items:
+    if item is None:
+      final_shape.append(1)
+      continue
+    size = result.shape[axis]
+    if isinstance(item, bool) or not isinstance(item, (int, slice)):
+      raise TypeError(f"unsupported index {item!r}: use ints, slices, None or Ellipsis")
+    if isinstance(item, int):
+      if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
+      result = result._slice_axis(axis, item % size, item % size + 1, 1)
+    else:
+      start, stop, step = item.indices(size)
+      result = result._slice_axis(axis, start, stop, step)
+      final_shape.append(result.shape[axis])
+    axis += 1
+  return result.reshape(tuple(final_shape))
+
+
+def _slice_axis(self: Tensor, axis: int, start: int, stop: int, step: int) -> Tensor:
+  if step < 0:
+    # a negative step walks the flipped axis forward
+    size = self.shape[axis]
+    flipped_start, count = size - 1 - start, len(range(start, stop, step))
+    return self.flip(axis)._slice_axis(axis, flipped_start, flipped_start + (count - 1) * -step + 1 if count else
+                                       flipped_start, -step)
+  count = len(range(start, stop, step))
+  bounds = [(0, s) for s in self.shape]
+  if step == 1 or count == 0:
+    bounds[axis] = (start, start + count)
+    return self.shrink(bounds)
+  # take every step-th element: cut, pad to a multiple of step, split the axis and keep the first column
+  bounds[axis] = (start, start + (count - 1) * step + 1)
+  cut = self.shrink(bounds)
+  padding = [(0, 0)] * self.ndim
+  padding[axis] = (0, count * step - cut.shape[axis])
+  split = cut.pad(padding).reshape(*self.shape[:axis], count, step, *self.shape[axis + 1:])
+  keep = [(0, s) for s in split.shape]
+  keep[axis + 1] = (0, 1)
+  return split.shrink(keep).reshape(*self.shape[:axis], count, *self.shape[axis + 1:])
+
+
+Tensor._slice_axis = _slice_axis  # type: ignore[attr-defined]
+
+
+__all__ = ["Tensor", "broadcast_shape"]
