@@ -2,5 +2,8 @@
 from rawgrad.compiler.symbolic import Variable
 from rawgrad.dtype import dtypes
 from rawgrad.helpers import Context
+from rawgrad.runtime.device import Device
+from rawgrad.runtime.realize import GlobalCounters
+from rawgrad.tensor import Tensor
 
-__all__ = ["Context", "Variable", "dtypes"]
+__all__ = ["Context", "Device", "GlobalCounters", "Tensor", "Variable", "dtypes"]

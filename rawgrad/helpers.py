@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import math
 import os
 from typing import Any, Iterable, Iterator, TypeVar
@@ -92,3 +93,11 @@ def round_up(num: int, multiple: int) -> int:
 
 def is_finite_number(value: Any) -> bool:
   return isinstance(value, (int, float)) and not (isinstance(value, float) and not math.isfinite(value))
+
+
+_unique_ids = itertools.count()
+
+
+def unique_id() -> int:
+  """A number never handed out before in this process (names fresh buffers)."""
+  return next(_unique_ids)

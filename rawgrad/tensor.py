@@ -1,7 +1,6 @@
 """The user-facing Tensor: lazy, PyTorch-style. Every operation builds UOps; nothing runs until realize()."""
 from __future__ import annotations
 
-import itertools
 import math
 import weakref
 from typing import Any, Sequence
@@ -10,9 +9,13 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
-from rawgrad.helpers import all_same, prod
+from rawgrad.helpers import all_same, prod, unique_id
+from rawgrad.tensor_ops.elementwise import ElementwiseOps
+from rawgrad.tensor_ops.nn import NNOps
+from rawgrad.tensor_ops.random import RandomOps
+from rawgrad.tensor_ops.reduce import ReduceOps
+from rawgrad.tensor_ops.shape import ShapeOps
 
-_unique_ids = itertools.count()
 all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
 
 
@@ -28,7 +31,7 @@ def _canonical_device(device: str | None) -> str:
 def _buffer_uop(shape: tuple[int, ...], dtype: DType, device: str) -> UOp:
   """A fresh buffer node viewed with `shape`; the buffer itself is allocated when it is first used."""
   size = prod(shape)
-  node = UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, arg=next(_unique_ids)), _device_node(device)), size)
+  node = UOp(Ops.BUFFER, dtype, (UOp(Ops.UNIQUE, arg=unique_id()), _device_node(device)), size)
   return node.reshape(shape)
 
 
@@ -50,8 +53,9 @@ def _resolve_axis(axis: int, ndim: int) -> int:
   return axis % ndim if ndim else 0
 
 
-class Tensor:
-  """A lazily evaluated n-dimensional array."""
+class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
+  """A lazily evaluated n-dimensional array. The core operations live here; the rest, built from them, in the
+  mixins of rawgrad/tensor_ops/."""
   __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
@@ -86,7 +90,7 @@ class Tensor:
 
   @property
   def device(self) -> str:
-    return _device_of(self.uop)
+    return self.uop.device
 
   @property
   def ndim(self) -> int:
@@ -167,6 +171,33 @@ class Tensor:
   def item(self) -> Any:
     if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
     return self.numpy().reshape(()).item()
+
+  # *** autograd ***
+
+  no_grad = False  # set by `with Tensor.inference_mode()`; no graph for gradients is kept then
+
+  def detach(self) -> Tensor:
+    return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))
+
+  def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
+    """d(self)/d(target) for each target, as new lazy tensors (zeros where self does not depend on a target)."""
+    from rawgrad.compiler.gradient import compute_gradient
+    if gradient is None:
+      if self.numel() != 1: raise ValueError(f"gradient of a non-scalar tensor of shape {self.shape} needs `gradient`")
+      gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
+    if gradient.shape != self.shape:
+      raise ValueError(f"gradient has shape {gradient.shape}, but the tensor has shape {self.shape}")
+    grads = compute_gradient(self.uop, gradient.cast(self.dtype).uop, {t.uop for t in targets})
+    return [Tensor(grads[t.uop]).cast(t.dtype) if t.uop in grads else t.zeros_like() for t in targets]
+
+  def backward(self, gradient: Tensor | None = None) -> Tensor:
+    """Accumulate d(self)/d(t) into t.grad for every tensor t with requires_grad that self depends on."""
+    in_graph = self.uop.toposort
+    targets = [t for t in list(all_tensors) if t.requires_grad and t.uop in in_graph]
+    if not targets: raise RuntimeError("backward: no tensor with requires_grad=True contributes to this one")
+    for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
+      target.grad = grad if target.grad is None else target.grad + grad
+    return self
 
   # *** broadcasting and dtype promotion ***
 
@@ -453,12 +484,6 @@ class Tensor:
 
 
 # *** helpers ***
-
-def _device_of(node: UOp) -> str:
-  for current in node.toposort:
-    if current.op is Ops.DEVICE: return current.arg
-  raise RuntimeError(f"{node.op} has no device")
-
 
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   from rawgrad.runtime.device import buffer_for

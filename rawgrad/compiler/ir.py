@@ -205,8 +205,12 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     return UOp(Ops.CONST, dtype, src, truncate(value, dtype.scalar) if dtype.count == 1 else value)
 
   def const_like(self, value: Any) -> UOp:
+    """A constant of this node's dtype; for a tensor-level node, a constant tensor of its shape and device."""
     if isinstance(value, UOp): return value
-    return UOp.const(self.dtype.scalar if isinstance(self.dtype, DType) else dtypes.index, value)
+    dtype = self.dtype.scalar if isinstance(self.dtype, DType) else dtypes.index
+    if self.shape is None: return UOp.const(dtype, value)
+    const = UOp.const(dtype, value, (UOp(Ops.DEVICE, arg=self.device),))
+    return const.reshape((1,) * len(self.shape)).expand(self.shape) if self.shape else const
 
   @staticmethod
   def variable(name: str, min_value: int, max_value: int, dtype: DType = dtypes.index) -> UOp:
@@ -279,6 +283,13 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     """A total order on nodes that is stable across runs: canonical operand order sorts by it."""
     return (self.op.value, repr(self.dtype), repr(self.arg), tuple(source.order_key for source in self.src))
 
+  @functools.cached_property
+  def device(self) -> str:
+    """The device a tensor-level node lives on: the DEVICE node in its graph."""
+    for node in self.toposort:
+      if node.op is Ops.DEVICE: return node.arg
+    raise ValueError(f"{self.op} has no device")
+
   # *** shapes of tensor-level nodes ***
 
   @functools.cached_property
@@ -350,6 +361,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   @functools.cached_property
   def _min_max(self) -> tuple[Any, Any]:
+    _bounds_of_sources_first(self)
     low, high = _bounds(self)
     if isinstance(self.dtype, DType) and self.dtype.scalar not in (dtypes.index,) and dtypes.is_int(self.dtype.scalar):
       # a result that may leave the dtype's range wraps around: then nothing is known
@@ -417,7 +429,6 @@ def _shape(node: UOp) -> tuple | None:
   if op in (Ops.RESHAPE, Ops.EXPAND): return node.size_args()
   if op is Ops.BUFFER: return (node.arg,)
   if op is Ops.CONST: return () if node.src else None
-  if op in (Ops.BIND, Ops.DEFINE_VAR): return ()
   if op is Ops.IOTA: return (to_sint(node.src[1]),)
   if not node.src or node.src[0].shape is None: return None
   inner = node.src[0].shape
@@ -454,6 +465,21 @@ def _size_neg(a: Any) -> Any:
 def _trunc_div(a: int, b: int) -> int:
   quotient = abs(a) // abs(b)
   return quotient if (a >= 0) == (b > 0) else -quotient
+
+
+def _bounds_of_sources_first(root: UOp) -> None:
+  """Compute the sources' bounds bottom-up without recursion: the recursive cached properties would exhaust Python's
+  stack on a deep expression (a sum of a few hundred terms)."""
+  stack: list[tuple[UOp, bool]] = [(source, False) for source in root.src if "_min_max" not in source.__dict__]
+  while stack:
+    node, sources_done = stack.pop()
+    if "_min_max" in node.__dict__: continue
+    if sources_done:
+      _ = node._min_max  # fills the cache, with every source's bounds already cached
+      continue
+    stack.append((node, True))
+    # only ops with a bound rule look at their sources' bounds
+    if node.op in _BOUND_RULES: stack.extend((s, False) for s in node.src if "_min_max" not in s.__dict__)
 
 
 def _bounds(node: UOp) -> tuple[Any, Any]:

@@ -14,9 +14,10 @@ from typing import Iterator
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
+from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
 from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import dtypes
-from rawgrad.helpers import DEBUG, prod
+from rawgrad.helpers import DEBUG, SPEC, prod, unique_id
 
 # ops that start a tensor graph: they have no data sources to index
 LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.BIND, Ops.DEFINE_VAR, Ops.DEVICE, Ops.UNIQUE})
@@ -323,6 +324,7 @@ def _size_name(size: UOp) -> str:
 def create_schedule(outputs: list[UOp]) -> Schedule:
   """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph."""
   sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
+  if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
   required = mark_realizes(sink)
   realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set()), required)
@@ -330,11 +332,12 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
   items: list[ScheduleItem] = []
   for node in sink.toposort:
     if node not in realizes: continue
-    buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=_next_buffer_id()), UOp(Ops.DEVICE, arg=_device(node))),
+    buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), UOp(Ops.DEVICE, arg=node.device)),
                  prod(node.shape))
     buffers_of[node] = buffer
     builder = KernelBuilder(node, buffer, buffers_of)
     ast = builder.build()
+    if SPEC: verify_kernel(ast)
     items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items())))
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
   becomes_map: dict[UOp, UOp] = {}
@@ -344,16 +347,3 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
   for node, buffer in buffers_of.items():
     if node not in cleaned.values(): becomes_map[node] = buffer.reshape(node.shape)
   return Schedule(items, becomes_map, realizes)
-
-
-_buffer_ids = itertools.count(1 << 40)
-
-
-def _next_buffer_id() -> int:
-  return next(_buffer_ids)
-
-
-def _device(node: UOp) -> str:
-  for current in node.toposort:
-    if current.op is Ops.DEVICE: return current.arg
-  raise ValueError(f"{node.op} has no device")

@@ -8,10 +8,11 @@ import numpy as np
 
 from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost, linearize
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.spec import verify_program
 from rawgrad.compiler.rangeify import ScheduleItem, buffer_base, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.dtype import dtypes
-from rawgrad.helpers import DEBUG
+from rawgrad.helpers import DEBUG, SPEC
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, buffer_for
 
@@ -55,6 +56,7 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   if key not in _runners:
     compiled = Device[device]
     program = linearize(ast)
+    if SPEC: verify_program(ast.arg, program)
     source = compiled.renderer.render(ast.arg, program)
     if DEBUG >= 4: print(source)
     obj = compile_cached(compiled.compiler, source)

@@ -1,0 +1,125 @@
+"""Reverse-mode differentiation as rewrite rules on the tensor-level UOp graph.
+
+Each rule maps a node and the gradient flowing into it (`ctx`) to the gradients of its sources (None where a source
+gets none). `compute_gradient` walks the graph from the output to the targets, summing the gradients of nodes used
+more than once. The result is an ordinary lazy graph: it fuses and schedules like any other.
+"""
+from __future__ import annotations
+
+import math
+
+from rawgrad.compiler.ir import GroupOp, Ops, UOp
+from rawgrad.compiler.rewrite import PatternMatcher, UPat
+from rawgrad.dtype import dtypes
+
+
+def _like(node: UOp, value: float) -> UOp:
+  return node.const_like(value)
+
+
+def _reduce_to(grad: UOp, shape: tuple) -> UOp:
+  """Sum an expanded gradient back to the shape before the expand."""
+  axes = tuple(i for i, (a, b) in enumerate(zip(shape, grad.shape)) if a != b)
+  return UOp(Ops.REDUCE_AXIS, grad.dtype, (grad,), (Ops.ADD, axes)) if axes else grad
+
+
+def _reduce_axis_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
+  source = ret.src[0]
+  op, _ = ret.arg
+  expanded = ctx.expand(source.shape)
+  if op is Ops.ADD: return (expanded,)
+  if op is Ops.MAX:
+    # the gradient goes to every element equal to the maximum, shared evenly between ties
+    is_max = UOp(Ops.CMPNE, dtypes.bool, (source, ret.expand(source.shape))).logical_not()
+    mask = UOp(Ops.CAST, ctx.dtype, (is_max,))
+    count = UOp(Ops.REDUCE_AXIS, ctx.dtype, (mask,), (Ops.ADD, ret.arg[1])).expand(source.shape)
+    return (expanded * mask / count,)
+  raise NotImplementedError(f"no gradient for a {op} reduction")
+
+
+def _max_grad(ctx: UOp, ret: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp]:
+  # ties share the gradient evenly, as PyTorch does for maximum
+  a_wins = UOp(Ops.CAST, ctx.dtype, (b < a,))
+  tie = UOp(Ops.CAST, ctx.dtype, (a.eq(b),)) * _like(ctx, 0.5)
+  return ctx * (a_wins + tie), ctx * (_like(ctx, 1.0) - a_wins - tie)
+
+
+def _cosine(x: UOp) -> UOp:
+  return UOp(Ops.SIN, x.dtype, (x + _like(x, math.pi / 2),))
+
+
+def _inverse_permutation(order: tuple[int, ...]) -> tuple[int, ...]:
+  return tuple(order.index(i) for i in range(len(order)))
+
+
+def _pad_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  source_shape, sizes = ret.src[0].shape, ret.size_args()
+  ndim = len(source_shape)
+  return (ctx.shrink(tuple((sizes[i], sizes[i] + source_shape[i]) for i in range(ndim))),)
+
+
+def _shrink_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
+  source_shape, sizes = ret.src[0].shape, ret.size_args()
+  ndim = len(source_shape)
+  return (ctx.pad(tuple((sizes[i], source_shape[i] - sizes[ndim + i]) for i in range(ndim))),)
+
+
+LN2 = math.log(2)
+
+pm_gradient = PatternMatcher([
+  # arithmetic
+  (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
+  (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
+  (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -(ctx * ret.src[0]) / (ret.src[1] * ret.src[1]))),
+  (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b")), name="ret"), _max_grad),
+  (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0], ctx)),
+  # transcendental
+  (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * _like(ret, LN2),)),
+  (UPat(Ops.LOG2, name="ret"), lambda ctx, ret: (ctx / (ret.src[0] * _like(ret, LN2)),)),
+  (UPat(Ops.SIN, name="ret"), lambda ctx, ret: (ctx * _cosine(ret.src[0]),)),
+  (UPat(Ops.SQRT, name="ret"), lambda ctx, ret: (ctx / (ret * _like(ret, 2.0)),)),
+  (UPat(Ops.RECIPROCAL, name="ret"), lambda ctx, ret: (-(ctx * ret * ret),)),
+  (UPat(Ops.TRUNC, name="ret"), lambda ctx, ret: (_like(ret, 0.0),)),
+  # selection and conversion
+  (UPat(Ops.WHERE, name="ret"), lambda ctx, ret: (None, ret.src[0].where(ctx, _like(ctx, 0.0)),
+                                                  ret.src[0].where(_like(ctx, 0.0), ctx))),
+  (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (UOp(Ops.CAST, ret.src[0].dtype, (ctx,))
+                                                 if dtypes.is_float(ret.src[0].dtype) else None,)),
+  (UPat((Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.REALIZE)), lambda ctx: (ctx,)),
+  # reductions
+  (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_axis_grad),
+  # movement: the gradient takes the inverse movement
+  (UPat(Ops.RESHAPE, name="ret"), lambda ctx, ret: (ctx.reshape(ret.src[0].shape),)),
+  (UPat(Ops.EXPAND, name="ret"), lambda ctx, ret: (_reduce_to(ctx, ret.src[0].shape),)),
+  (UPat(Ops.PERMUTE, name="ret"), lambda ctx, ret: (ctx.permute(_inverse_permutation(ret.arg)),)),
+  (UPat(Ops.PAD, name="ret"), _pad_grad),
+  (UPat(Ops.SHRINK, name="ret"), _shrink_grad),
+  (UPat(Ops.FLIP, name="ret"), lambda ctx, ret: (ctx.flip(ret.arg),)),
+])
+"""After pm_gradient: a rule gives one gradient (or None) per source of the node it matched."""
+
+# ops through which no gradient flows
+NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
+                                           Ops.DETACH, Ops.BITCAST, Ops.IOTA}
+
+
+def _on_path_to(root: UOp, targets: set[UOp]) -> set[UOp]:
+  """The nodes between root and any target: only these need gradients."""
+  leads: dict[UOp, bool] = {}
+  for node in root.toposort:
+    leads[node] = node in targets or (node.op not in NOT_DIFFERENTIABLE and any(leads[s] for s in node.src))
+  return {node for node, yes in leads.items() if yes}
+
+
+def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+  """d(root)/d(target) for every target that root depends on, given the gradient flowing into root."""
+  needed = _on_path_to(root, targets)
+  grads: dict[UOp, UOp] = {root: root_grad}
+  for node in reversed(list(root.toposort)):
+    if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or not node.src: continue
+    source_grads = pm_gradient.rewrite(node, ctx=grads[node])
+    if source_grads is None: raise NotImplementedError(f"no gradient rule for {node.op}")
+    for source, grad in zip(node.src, source_grads):
+      if grad is None or source not in needed: continue
+      grads[source] = grads[source] + grad if source in grads else grad
+  return {target: grads[target] for target in targets if target in grads}

@@ -1,0 +1,79 @@
+"""Verifiers that check the graph between stages when SPEC=1 (the test suite runs with it on), so a bug is found at
+the pass that made it rather than as a wrong number at the end."""
+from __future__ import annotations
+
+from rawgrad.compiler.ir import GroupOp, Ops, UOp
+from rawgrad.dtype import PtrDType, dtypes
+
+
+class SpecError(AssertionError):
+  pass
+
+
+def _fail(stage: str, node: UOp, problem: str) -> None:
+  raise SpecError(f"{stage}: {node.op} {node.dtype!r} arg={node.arg!r}: {problem}")
+
+
+def _check_alu_dtypes(stage: str, node: UOp) -> None:
+  if node.op is Ops.WHERE:
+    condition, a, b = node.src
+    if condition.dtype.scalar != dtypes.bool: _fail(stage, node, f"condition has dtype {condition.dtype!r}, not bool")
+    if a.dtype != b.dtype or a.dtype != node.dtype: _fail(stage, node, f"branches {a.dtype!r} and {b.dtype!r} differ")
+    return
+  if node.op in (Ops.SHL, Ops.SHR): return
+  operand_dtypes = {source.dtype for source in node.src}
+  if len(operand_dtypes) != 1: _fail(stage, node, f"operands have different dtypes {sorted(map(repr, operand_dtypes))}")
+  expected = dtypes.bool if node.op in GroupOp.Comparison else next(iter(operand_dtypes))
+  if node.dtype.scalar != expected: _fail(stage, node, f"result dtype should be {expected!r}")
+
+
+def verify_tensor_graph(sink: UOp) -> None:
+  """Tensor level: elementwise operands agree in shape and dtype; movement sizes are index expressions."""
+  stage = "tensor graph"
+  for node in sink.toposort:
+    if node.op in GroupOp.ALU:
+      _check_alu_dtypes(stage, node)
+      shapes = {source.shape for source in node.src if source.shape is not None and source.shape != ()}
+      if len(shapes) > 1: _fail(stage, node, f"operands have different shapes {sorted(map(str, shapes))}")
+    if node.op in GroupOp.Movement:
+      for size in node.src[1:]:
+        if size.dtype != dtypes.index: _fail(stage, node, f"size {size.op} has dtype {size.dtype!r}, not index")
+    if node.op is Ops.BUFFER and not isinstance(node.arg, int): _fail(stage, node, "buffer size must be an int")
+
+
+def verify_kernel(ast: UOp) -> None:
+  """Kernel level: a SINK of STOREs into INDEXed globals; no tensor-level ops left; ALU dtypes agree."""
+  stage = f"kernel {ast.arg}"
+  if ast.op is not Ops.SINK: _fail(stage, ast, "a kernel must be a SINK")
+  for store in ast.src:
+    if store.op is not Ops.STORE or store.src[0].op is not Ops.INDEX:
+      _fail(stage, store, "a kernel's SINK holds only STOREs to INDEXed buffers")
+  for node in ast.toposort:
+    if node.op in GroupOp.Movement or node.op in (Ops.REDUCE_AXIS, Ops.BUFFER, Ops.CONTIGUOUS, Ops.DEVICE):
+      _fail(stage, node, "tensor-level op left in a kernel")
+    if node.op in GroupOp.ALU: _check_alu_dtypes(stage, node)
+    if node.op is Ops.INDEX:
+      if node.src[0].op is not Ops.DEFINE_GLOBAL: _fail(stage, node, "INDEX must address a DEFINE_GLOBAL")
+      if node.src[1].dtype != dtypes.index: _fail(stage, node, f"index has dtype {node.src[1].dtype!r}")
+      if len(node.src) > 2 and node.src[2].dtype != dtypes.bool: _fail(stage, node, "gate must be bool")
+    if node.op is Ops.RANGE and node.dtype != dtypes.index: _fail(stage, node, "ranges have dtype index")
+    if node.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in node.src[1:]):
+      _fail(stage, node, "REDUCE loops over RANGEs only")
+    if node.op is Ops.DEFINE_GLOBAL and not isinstance(node.dtype, PtrDType):
+      _fail(stage, node, "a kernel parameter is a pointer")
+
+
+def verify_program(name: str, program: list[UOp]) -> None:
+  """Linear program: every source is computed before its use, loops open and close in nesting order."""
+  stage = f"program {name}"
+  defined: set[UOp] = set()
+  open_loops: list[UOp] = []
+  for instruction in program:
+    for source in instruction.src:
+      if source.op is not Ops.CONST and source not in defined: _fail(stage, instruction, f"uses {source.op} early")
+    if instruction.op is Ops.RANGE: open_loops.append(instruction)
+    if instruction.op is Ops.END:
+      if not open_loops or open_loops[-1] is not instruction.src[0]: _fail(stage, instruction, "closes the wrong loop")
+      open_loops.pop()
+    defined.add(instruction)
+  if open_loops: _fail(stage, open_loops[-1], "loop is never closed")

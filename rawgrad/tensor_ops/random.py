@@ -1,0 +1,7 @@
+"""Tensor operations: random."""
+from __future__ import annotations
+
+
+class RandomOps:
+  """Mixin of rawgrad.tensor.Tensor."""
+  __slots__ = ()
