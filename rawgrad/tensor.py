@@ -153,9 +153,20 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   # *** realizing and reading ***
 
-  def realize(self) -> Tensor:
+  def realize(self, *others: Tensor) -> Tensor:
+    """Compute this tensor (and `others`, in the same schedule) into buffers."""
     from rawgrad.runtime.realize import realize_tensors
-    realize_tensors([self])
+    realize_tensors([self, *others])
+    return self
+
+  def assign(self, value: Any) -> Tensor:
+    """Write `value` into this tensor's buffer in place (when realized); returns self."""
+    value = value if isinstance(value, Tensor) else Tensor(value, self.device, self.dtype)
+    if value.device != self.device:
+      raise RuntimeError(f"cannot assign a tensor on {value.device} into one on {self.device}")
+    value = value.cast(self.dtype)._broadcast_to(self.shape) if value.shape != self.shape else value.cast(self.dtype)
+    if not _is_buffer_view(self.uop): self.realize()
+    self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop))
     return self
 
   def contiguous(self) -> Tensor:
@@ -426,6 +437,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def __getitem__(self, index: Any) -> Tensor:
     return _getitem(self, index)
 
+  def __setitem__(self, index: Any, value: Any) -> None:
+    """Write into the elements `index` selects, in place and at once (as PyTorch does)."""
+    if not _is_buffer_view(self.uop): self.realize()
+    self[index].assign(value).realize()
+
   # *** reductions ***
 
   def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
@@ -484,6 +500,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
 
 # *** helpers ***
+
+def _is_buffer_view(node: UOp) -> bool:
+  while node.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.PAD, Ops.ASSIGN): node = node.src[0]
+  return node.op is Ops.BUFFER
+
 
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   from rawgrad.runtime.device import buffer_for

@@ -124,7 +124,9 @@ class UOpMetaClass(type):
   def __call__(cls, op: Ops, dtype: AnyDType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                tag: Any = None) -> UOp:
     if type(src) is not tuple: src = tuple(src)
-    key = (op, dtype, src, _arg_key(arg), tag)
+    # sources by id: a key holding them would keep them alive until their user's entry goes, so a graph with cached
+    # toposorts (cycles) would be freed one layer per gc pass. The ids stay unique while the cached user lives.
+    key = (op, dtype, tuple(map(id, src)), _arg_key(arg), tag)
     try:
       if (hit := UOpMetaClass.cache.get(key)) is not None: return hit
     except TypeError as error:

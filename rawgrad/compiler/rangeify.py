@@ -79,7 +79,27 @@ def mark_realizes(sink: UOp) -> dict[UOp, str]:
     if buffer_base(output) is None: realizes[output] = "output"
   for node in sink.toposort:
     if node.op is Ops.CONTIGUOUS: realizes[node] = "contiguous requested"
+    if node.op is Ops.ASSIGN:
+      realizes[node] = "assign"
+      target, value = node.src
+      if _reads_at_other_indices(value, target):
+        realizes[value] = "it reads the buffer it is assigned into at other indices"
   return realizes
+
+
+def assign_target_buffer(target: UOp) -> UOp:
+  """The BUFFER under an assign target (a view made of movement ops)."""
+  while target.op in GroupOp.Movement or target.op is Ops.ASSIGN: target = target.src[0]
+  if target.op is not Ops.BUFFER: raise ValueError(f"cannot assign into {target.op}: the target must be a buffer view")
+  return target
+
+
+def _reads_at_other_indices(value: UOp, target: UOp) -> bool:
+  """Could computing `value` in place read an element of target's buffer that the same kernel already overwrote?
+  Conservatively yes whenever it reaches the buffer through a view other than the target itself."""
+  buffer = assign_target_buffer(target)
+  return any(node is not target and node.op in GroupOp.Movement and buffer in node.toposort
+             for node in value.toposort)
 
 
 # *** step 3: consumers ***
@@ -266,9 +286,23 @@ class KernelBuilder:
     idx = fresh_ranges(self.root.shape, self.axes)
     value = self.lower(self.root, idx, TRUE)
     store_index = UOp(Ops.INDEX, self.output.dtype.ptr(self.output.arg),
-                      (self.params[self.output], simplify(linear_index(idx, self.root.shape))))
+                      (self.params[self.output], self.store_index(idx)))
     store = UOp(Ops.STORE, dtypes.void, (store_index, value.cast(self.output.dtype)))
     return simplify(UOp(Ops.SINK, dtypes.void, (store,), kernel_name(self.root, store)))
+
+  def store_index(self, idx: Index) -> UOp:
+    """Where element `idx` of the root goes: the plain layout, or through the view an assign writes into."""
+    if self.root.op is not Ops.ASSIGN: return simplify(linear_index(idx, self.root.shape))
+    view = self.root.src[0]
+    while view.op is not Ops.BUFFER:
+      if view.op is Ops.ASSIGN: view = view.src[0]
+      elif view.op is Ops.EXPAND: raise ValueError("cannot assign into an expanded view: elements would alias")
+      else:
+        idx, valid, _ = index_through(view, idx, TRUE)
+        # a strided slice pads and then cuts the padding away again; padding that is really written to is an error
+        if valid is not TRUE: raise ValueError("cannot assign into the padding of a padded view")
+        view = view.src[0]
+    return simplify(idx[0])
 
   def lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
     key = (node, idx, valid)
@@ -301,6 +335,7 @@ class KernelBuilder:
       loop_ranges = tuple(r for r in ranges.values() if r.op is Ops.RANGE)
       return UOp(Ops.REDUCE, node.dtype, (body, *loop_ranges), reduce_op)
     if op in (Ops.CONTIGUOUS, Ops.REALIZE): return self.lower(node.src[0], idx, valid)
+    if op is Ops.ASSIGN: return self.lower(node.src[1], idx, valid)
     if op in GroupOp.ALU or op in (Ops.CAST, Ops.BITCAST):
       return UOp(op, node.dtype, tuple(self.lower(source, idx, valid) for source in node.src))
     raise NotImplementedError(f"rangeify cannot lower {op} yet")
@@ -330,20 +365,54 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
   realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set()), required)
   buffers_of: dict[UOp, UOp] = {}
   items: list[ScheduleItem] = []
+  roots: list[UOp] = []
   for node in sink.toposort:
     if node not in realizes: continue
-    buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), UOp(Ops.DEVICE, arg=node.device)),
-                 prod(node.shape))
+    if node.op is Ops.ASSIGN: buffer = assign_target_buffer(node.src[0])
+    else:
+      buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), UOp(Ops.DEVICE, arg=node.device)),
+                   prod(node.shape))
     buffers_of[node] = buffer
+    if prod(node.shape) == 0: continue  # nothing to compute for an empty result
     builder = KernelBuilder(node, buffer, buffers_of)
     ast = builder.build()
     if SPEC: verify_kernel(ast)
     items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items())))
+    roots.append(node)
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
+  return Schedule(order_for_assigns(items, roots), make_becomes_map(cleaned, buffers_of), realizes)
+
+
+def make_becomes_map(cleaned: dict[UOp, UOp], buffers_of: dict[UOp, UOp]) -> dict[UOp, UOp]:
+  """Every realized node (and every output, by its original node) now reads from its buffer."""
+  def view_of(node: UOp) -> UOp:
+    if node.op is not Ops.ASSIGN: return buffers_of[node].reshape(node.shape)
+    while node.op is Ops.ASSIGN: node = node.src[0]
+    return node
   becomes_map: dict[UOp, UOp] = {}
   for original, cleaned_output in cleaned.items():
-    if cleaned_output in buffers_of: becomes_map[original] = buffers_of[cleaned_output].reshape(original.shape)
+    if cleaned_output in buffers_of: becomes_map[original] = view_of(cleaned_output)
     elif cleaned_output is not original: becomes_map[original] = cleaned_output
-  for node, buffer in buffers_of.items():
-    if node not in cleaned.values(): becomes_map[node] = buffer.reshape(node.shape)
-  return Schedule(items, becomes_map, realizes)
+  for node in buffers_of:
+    if node not in cleaned.values(): becomes_map[node] = view_of(node)
+  return becomes_map
+
+
+def order_for_assigns(items: list[ScheduleItem], roots: list[UOp]) -> list[ScheduleItem]:
+  """Dependency order, plus: a kernel that reads a buffer's old value runs before the assign that overwrites it."""
+  must_precede: dict[int, set[int]] = {i: set() for i in range(len(items))}
+  for i, root in enumerate(roots):
+    for j, other in enumerate(roots):
+      if i != j and other in root.toposort: must_precede[i].add(j)
+  for i, root in enumerate(roots):
+    if root.op is not Ops.ASSIGN: continue
+    target = items[i].buffers[0]
+    for j, item in enumerate(items):
+      if j != i and target in item.buffers[1:] and root not in roots[j].toposort: must_precede[i].add(j)
+  ordered, done = [], set()
+  while len(ordered) < len(items):
+    ready = [i for i in range(len(items)) if i not in done and must_precede[i] <= done]
+    if not ready: raise RuntimeError("assigns form a cycle: two kernels each need the other's old buffer contents")
+    done.add(ready[0])
+    ordered.append(items[ready[0]])
+  return ordered
