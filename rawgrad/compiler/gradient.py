@@ -28,6 +28,7 @@ def _reduce_axis_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
   op, _ = ret.arg
   expanded = ctx.expand(source.shape)
   if op is Ops.ADD: return (expanded,)
+  if op is Ops.MUL: return (expanded * _product_of_others(source, ret.arg[1]),)
   if op is Ops.MAX:
     # the gradient goes to every element equal to the maximum, shared evenly between ties
     is_max = UOp(Ops.CMPNE, dtypes.bool, (source, ret.expand(source.shape))).logical_not()
@@ -35,6 +36,19 @@ def _reduce_axis_grad(ctx: UOp, ret: UOp) -> tuple[UOp | None, ...]:
     count = UOp(Ops.REDUCE_AXIS, ctx.dtype, (mask,), (Ops.ADD, ret.arg[1])).expand(source.shape)
     return (expanded * mask / count,)
   raise NotImplementedError(f"no gradient for a {op} reduction")
+
+
+def _product_of_others(source: UOp, axes: tuple[int, ...]) -> UOp:
+  """For each element, the product of the others in its reduction: prod/x where x != 0, handled exactly at zeros."""
+  is_zero = UOp(Ops.CMPNE, dtypes.bool, (source, _like(source, 0.0))).logical_not()
+  nonzero = is_zero.where(_like(source, 1.0), source)
+  nonzero_product = UOp(Ops.REDUCE_AXIS, source.dtype, (nonzero,), (Ops.MUL, axes)).expand(source.shape)
+  zeros = UOp(Ops.REDUCE_AXIS, source.dtype, (UOp(Ops.CAST, source.dtype, (is_zero,)),), (Ops.ADD, axes))
+  zeros = zeros.expand(source.shape)
+  no_zero = UOp(Ops.CMPNE, dtypes.bool, (zeros, _like(source, 0.0))).logical_not()
+  one_zero = UOp(Ops.CMPNE, dtypes.bool, (zeros, _like(source, 1.0))).logical_not()
+  only_this_is_zero = one_zero & is_zero
+  return no_zero.where(nonzero_product / source, only_this_is_zero.where(nonzero_product, _like(source, 0.0)))
 
 
 def _max_grad(ctx: UOp, ret: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp]:

@@ -1,7 +1,138 @@
-"""Tensor operations: random."""
+"""Tensor operations: random numbers from a counter-based generator (Threefry-2x32, 20 rounds).
+
+Element i of the k-th random tensor drawn after `manual_seed(s)` is a pure function of (s, k, i), computed on the
+device with 32-bit integer arithmetic: the same seed gives the same numbers on every device and in every order of
+realization.
+"""
 from __future__ import annotations
+
+import math
+from typing import Any
+
+from rawgrad.dtype import DType, dtypes
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_KEY_PARITY = 0x1BD11BDA
+
+
+class _Generator:
+  seed = 0
+  draws = 0
+
+
+def _rotate_left(x: Any, bits: int) -> Any:
+  return (x << bits) | (x >> (32 - bits))
+
+
+def threefry2x32(counter0: Any, counter1: Any, key: tuple[int, int]) -> tuple[Any, Any]:
+  """The Threefry-2x32 block function (20 rounds) on two uint32 UOps of counter words."""
+  keys = (key[0], key[1], key[0] ^ key[1] ^ _KEY_PARITY)
+  x0, x1 = counter0 + keys[0], counter1 + keys[1]
+  for group in range(5):
+    for rotation in _ROTATIONS[group % 2]:
+      x0 = x0 + x1
+      x1 = _rotate_left(x1, rotation) ^ x0
+    x0 = x0 + keys[(group + 1) % 3]
+    x1 = x1 + ((keys[(group + 2) % 3] + group + 1) & 0xFFFFFFFF)
+  return x0, x1
 
 
 class RandomOps:
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
+
+  @staticmethod
+  def manual_seed(seed: int = 0) -> None:
+    """Restart the random stream: the tensors drawn next are a function of the seed alone."""
+    _Generator.seed, _Generator.draws = seed & 0xFFFFFFFF, 0
+
+  @staticmethod
+  def _random_bits(shape: tuple, device: str | None) -> tuple[Any, Any]:
+    from rawgrad.tensor import Tensor
+    count = math.prod(shape)
+    key = (_Generator.seed, _Generator.draws)
+    _Generator.draws += 1
+    # the bit mixing runs on UOps: shifts and rotations are integer ops the Tensor API need not expose
+    counter = Tensor.arange(count, dtype=dtypes.uint32, device=device).uop
+    x0, x1 = threefry2x32(counter, counter.const_like(0), key)
+    return Tensor(x0).reshape(shape), Tensor(x1).reshape(shape)
+
+  @staticmethod
+  def _bits_to_unit(bits: Any, dtype: DType) -> Any:
+    """[0, 1) from the top 24 bits: every value is exact in float32, and 1.0 is never produced."""
+    from rawgrad.tensor import Tensor
+    return (Tensor(bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
+
+  @staticmethod
+  def rand(*shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
+    from rawgrad.tensor import Tensor, _shape_arg
+    shape = _shape_arg(shape)
+    bits, _ = Tensor._random_bits(shape, device)
+    result = Tensor._bits_to_unit(bits, dtype or dtypes.default_float)
+    result.requires_grad = requires_grad
+    return result
+
+  @staticmethod
+  def randn(*shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
+    """Standard normal numbers by the Box-Muller transform of the two words of each counter."""
+    from rawgrad.tensor import Tensor, _shape_arg
+    shape = _shape_arg(shape)
+    bits0, bits1 = Tensor._random_bits(shape, device)
+    u0, u1 = Tensor._bits_to_unit(bits0, dtypes.float32), Tensor._bits_to_unit(bits1, dtypes.float32)
+    # 1 - u0 lies in (0, 1], so the log is finite
+    radius = ((1 - u0).log() * -2).sqrt()
+    result = (radius * (u1 * (2 * math.pi) + math.pi / 2).sin()).cast(dtype or dtypes.default_float)
+    result.requires_grad = requires_grad
+    return result
+
+  @staticmethod
+  def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | None = None,
+              device: str | None = None, requires_grad: bool | None = None):
+    from rawgrad.tensor import Tensor
+    result = Tensor.rand(*shape, dtype=dtype, device=device) * (high - low) + low
+    result.requires_grad = requires_grad
+    return result
+
+  @staticmethod
+  def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | None = None, device: str | None = None,
+             requires_grad: bool | None = None):
+    from rawgrad.tensor import Tensor
+    result = Tensor.randn(*shape, dtype=dtype, device=device) * std + mean
+    result.requires_grad = requires_grad
+    return result
+
+  @staticmethod
+  def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType = dtypes.int32, device: str | None = None):
+    if high <= low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
+    from rawgrad.tensor import Tensor
+    span = high - low
+    # the product is non-negative, so truncating to an integer is the floor
+    return ((Tensor.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
+
+  @staticmethod
+  def kaiming_uniform(*shape: Any, a: float = 0.01, dtype: DType | None = None, device: str | None = None,
+                      requires_grad: bool | None = None):
+    """torch.nn.init.kaiming_uniform_ with leaky_relu gain: bound = gain * sqrt(3 / fan_in)."""
+    from rawgrad.tensor import Tensor, _shape_arg
+    shape = _shape_arg(shape)
+    fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
+    bound = math.sqrt(2.0 / (1 + a * a)) * math.sqrt(3.0 / max(fan_in, 1))
+    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+
+  @staticmethod
+  def glorot_uniform(*shape: Any, dtype: DType | None = None, device: str | None = None,
+                     requires_grad: bool | None = None):
+    """Xavier/Glorot uniform: bound = sqrt(6 / (fan_in + fan_out))."""
+    from rawgrad.tensor import Tensor, _shape_arg
+    shape = _shape_arg(shape)
+    receptive = math.prod(shape[2:])
+    fan_in = shape[1] * receptive if len(shape) > 1 else shape[0]
+    fan_out = shape[0] * receptive
+    bound = math.sqrt(6.0 / max(fan_in + fan_out, 1))
+    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+
+  def rand_like(self, dtype: DType | None = None):
+    return type(self).rand(*self.shape, dtype=dtype or self.dtype, device=self.device)
+
+  def randn_like(self, dtype: DType | None = None):
+    return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=self.device)
