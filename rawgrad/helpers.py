@@ -101,3 +101,25 @@ _unique_ids = itertools.count()
 def unique_id() -> int:
   """A number never handed out before in this process (names fresh buffers)."""
   return next(_unique_ids)
+
+
+class GlobalCounters:
+  """Totals since the last reset(): kernels launched, ALU operations, bytes moved, kernel time; and the bytes of
+  device memory held by buffers now (mem_used) and at most since the reset (mem_peak)."""
+  kernel_count = 0
+  global_ops = 0
+  global_mem = 0
+  time_sum_s = 0.0
+  mem_used = 0
+  mem_peak = 0
+
+  @staticmethod
+  def reset() -> None:
+    GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0, 0
+    GlobalCounters.time_sum_s = 0.0
+    GlobalCounters.mem_peak = GlobalCounters.mem_used
+
+  @staticmethod
+  def track_memory(delta: int) -> None:
+    GlobalCounters.mem_used += delta
+    GlobalCounters.mem_peak = max(GlobalCounters.mem_peak, GlobalCounters.mem_used)

@@ -85,6 +85,9 @@ class CPUAllocator(Allocator):
   def copyout(self, dest: memoryview, raw: np.ndarray) -> None:
     np.frombuffer(dest, dtype=np.uint8)[:] = raw[:dest.nbytes]
 
+  def view(self, raw: np.ndarray, offset: int, nbytes: int) -> np.ndarray:
+    return raw[offset:offset + nbytes]
+
 
 def open_device(name: str) -> Compiled:
   from rawgrad.compiler.render.llvmir import LLVMRenderer

@@ -10,7 +10,7 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
-from rawgrad.helpers import getenv
+from rawgrad.helpers import GlobalCounters, getenv
 
 
 class Allocator:
@@ -56,6 +56,10 @@ class Allocator:
   def copyout(self, dest: memoryview, raw: Any) -> None:
     raise NotImplementedError
 
+  def view(self, raw: Any, offset: int, nbytes: int) -> Any:
+    """The `nbytes` at byte `offset` of an allocation, usable wherever an allocation is."""
+    raise NotImplementedError
+
 
 class Compiled:
   """A device: its allocator, its compiler and how to load a compiled program."""
@@ -98,11 +102,15 @@ Device = _DeviceRegistry()
 
 
 class Buffer:
-  """Memory on a device holding `size` elements of `dtype`; allocated on first use."""
+  """Memory on a device holding `size` elements of `dtype`; allocated on first use. A buffer with a `base` is a
+  view of `nbytes` at byte `offset` inside the base (the memory planner packs temporaries that way)."""
 
-  def __init__(self, device: str, size: int, dtype: DType):
+  def __init__(self, device: str, size: int, dtype: DType, base: Buffer | None = None, offset: int = 0):
     if size < 0: raise ValueError(f"buffer size must be non-negative, got {size}")
-    self.device, self.size, self.dtype = device, size, dtype
+    if base is not None and offset + size * dtype.itemsize > base.nbytes:
+      raise ValueError(f"a view of {size * dtype.itemsize} bytes at offset {offset} does not fit in "
+                       f"{base.nbytes} bytes")
+    self.device, self.size, self.dtype, self.base, self.offset = device, size, dtype, base, offset
     self._raw: Any = None
     self._initial: np.ndarray | None = None
 
@@ -126,7 +134,10 @@ class Buffer:
 
   def ensure_allocated(self) -> Buffer:
     if self._raw is None:
-      self._raw = self.allocator.alloc(max(self.nbytes, 1))
+      if self.base is not None: self._raw = self.allocator.view(self.base.raw, self.offset, self.nbytes)
+      else:
+        self._raw = self.allocator.alloc(max(self.nbytes, 1))
+        GlobalCounters.track_memory(max(self.nbytes, 1))
       if self._initial is not None:
         self.copyin(memoryview(self._initial.reshape(-1).view(np.uint8)))
         self._initial = None
@@ -152,8 +163,9 @@ class Buffer:
     return out
 
   def __del__(self) -> None:
-    if getattr(self, "_raw", None) is not None:
+    if getattr(self, "_raw", None) is not None and self.base is None:
       try:
+        GlobalCounters.track_memory(-max(self.nbytes, 1))
         self.allocator.free(self._raw, max(self.nbytes, 1))
       except Exception:  # noqa: BLE001 - at interpreter exit the device may already be gone
         pass
@@ -172,3 +184,10 @@ def buffer_for(node: UOp) -> Buffer:
   if (found := _buffers.get(node)) is None:
     found = _buffers[node] = Buffer(node.src[1].arg, node.arg, node.dtype)
   return found
+
+
+def bind_buffer(node: UOp, buffer: Buffer) -> None:
+  """Back a BUFFER node by a given Buffer (a planned view) before it is first used."""
+  if node in _buffers and _buffers[node] is not buffer and _buffers[node].is_allocated:
+    raise RuntimeError(f"{node.op} already has allocated memory; it cannot be re-planned")
+  _buffers[node] = buffer

@@ -12,22 +12,10 @@ from rawgrad.compiler.spec import verify_program
 from rawgrad.compiler.rangeify import ScheduleItem, buffer_base, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.dtype import dtypes
-from rawgrad.helpers import DEBUG, SPEC
+from rawgrad.helpers import DEBUG, SPEC, GlobalCounters
 from rawgrad.runtime.compile import compile_cached
-from rawgrad.runtime.device import Buffer, Device, buffer_for
-
-
-class GlobalCounters:
-  """Totals since the last reset(): kernels launched, ALU operations, bytes moved, kernel time."""
-  kernel_count = 0
-  global_ops = 0
-  global_mem = 0
-  time_sum_s = 0.0
-
-  @staticmethod
-  def reset() -> None:
-    GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0, 0
-    GlobalCounters.time_sum_s = 0.0
+from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
+from rawgrad.runtime.memory import plan_arena
 
 
 @dataclass
@@ -99,10 +87,25 @@ def realize_tensors(tensors: list) -> None:
   if not outputs: return
   schedule = create_schedule(outputs)
   becomes_map = schedule.becomes_map
+  kept: set[UOp] = set()
   for tensor in list(all_tensors):
     if any(node in becomes_map for node in tensor.uop.toposort):
       tensor.uop = substitute(tensor.uop, becomes_map)
+    kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+  plan_temporaries(schedule.items, kept)
   run_schedule(schedule.items)
+
+
+def plan_temporaries(items: list[ScheduleItem], kept: set[UOp]) -> None:
+  """Buffers a schedule creates and no tensor keeps are temporaries: pack them into one arena by lifetime."""
+  temporaries = {item.buffers[0]: item.buffers[0].arg * item.buffers[0].dtype.itemsize for item in items
+                 if item.buffers[0] not in kept and not buffer_for(item.buffers[0]).is_allocated}
+  if len(temporaries) < 2: return
+  arena_bytes, placements = plan_arena([list(item.buffers) for item in items], temporaries)
+  device = items[0].buffers[0].src[1].arg
+  arena = Buffer(device, arena_bytes, dtypes.uint8)
+  for node, placement in placements.items():
+    bind_buffer(node, Buffer(device, node.arg, node.dtype, base=arena, offset=placement.offset))
 
 
 def read_numpy(tensor) -> np.ndarray:
