@@ -64,6 +64,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     if isinstance(data, UOp): uop = data
     elif isinstance(data, Tensor): uop = data.uop if dtype is None else data.uop.cast(dtype)
     elif isinstance(data, np.ndarray): uop = _from_numpy(data, device, dtype)
+    elif isinstance(data, np.generic): uop = _from_numpy(np.asarray(data), device, dtype)
     elif isinstance(data, (bool, int, float)):
       dtype = dtype or dtypes.from_py(data)
       uop = UOp.const(dtype, data, (_device_node(device),))
@@ -398,7 +399,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     padded = Tensor(self.uop.pad(padding))
     if value == 0: return padded
     inside = Tensor(self.full_like(True, dtypes.bool).uop.pad(padding))
-    return inside.where(padded, value)
+    return inside.where(padded, Tensor(value, self.device, self.dtype))
 
   def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
     bounds = tuple((0, size) if b is None else tuple(b) for b, size in zip(bounds, self.shape))
@@ -435,7 +436,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
 
   def __getitem__(self, index: Any) -> Tensor:
-    return _getitem(self, index)
+    return self._advanced_getitem(index)
 
   def __setitem__(self, index: Any, value: Any) -> None:
     """Write into the elements `index` selects, in place and at once (as PyTorch does)."""
@@ -509,7 +510,7 @@ def _is_buffer_view(node: UOp) -> bool:
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   from rawgrad.runtime.device import buffer_for
   dtype = dtype or dtypes.from_numpy(array.dtype)
-  data = np.ascontiguousarray(array, dtype=dtypes.to_numpy(dtype))
+  data = np.ascontiguousarray(array, dtype=dtypes.to_numpy(dtype)).reshape(array.shape)
   uop = _buffer_uop(data.shape, dtype, device)
   buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
   return uop
@@ -558,8 +559,8 @@ def _getitem(tensor: Tensor, index: Any) -> Tensor:
   consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
   if consumed > tensor.ndim:
     raise IndexError(f"too many indices for a tensor of shape {tensor.shape}: {consumed} given")
-  if Ellipsis in items:
-    at = items.index(Ellipsis)
+  if any(item is Ellipsis for item in items):
+    at = next(i for i, item in enumerate(items) if item is Ellipsis)
     items[at:at + 1] = [slice(None)] * (tensor.ndim - consumed)
   else:
     items += [slice(None)] * (tensor.ndim - consumed)
