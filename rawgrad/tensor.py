@@ -256,7 +256,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(x.uop.alu(op, y.uop))
 
   def add(self, other: Any, reverse: bool = False) -> Tensor:
-    return self._binary(Ops.ADD, other, reverse)
+    x, y = self._broadcasted(other, reverse)
+    # True + True is True in PyTorch: addition of booleans is a logical or
+    return Tensor(x.uop.alu(Ops.OR if x.dtype == dtypes.bool else Ops.ADD, y.uop))
 
   def mul(self, other: Any, reverse: bool = False) -> Tensor:
     return self._binary(Ops.MUL, other, reverse)
@@ -325,7 +327,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def minimum(self, other: Any) -> Tensor:
     x, y = self._broadcasted(other)
-    if dtypes.is_unsigned(x.dtype) or x.dtype == dtypes.bool: return (x < y).where(x, y)
+    # negating the most negative integer overflows, so integers select; -max(-x, -y) keeps nan for floats
+    if not dtypes.is_float(x.dtype): return (x < y).where(x, y)
     return -((-x).maximum(-y))
 
   def where(self, if_true: Any, if_false: Any) -> Tensor:
@@ -459,18 +462,19 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     axes = _reduce_axes(axis, self.ndim)
-    if any(self.shape[a] == 0 for a in axes):
+    if self.ndim and any(self.shape[a] == 0 for a in axes):
       raise ValueError(f"max over an empty axis of shape {self.shape} has no identity (axis={axis})")
     return self._reduce(Ops.MAX, axis, keepdim)
 
   def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
-      # x ^ all-ones reverses the order of unsigned values (and of bools), so min is a max in between
+    if not dtypes.is_float(self.dtype):
+      # x ^ all-ones reverses the order of integers (and bools) without overflow, so min is a max in between
       return self._invert_order().max(axis, keepdim)._invert_order()
     return -((-self).max(axis, keepdim))
 
   def _invert_order(self) -> Tensor:
-    return Tensor(self.uop.alu(Ops.XOR, self._scalar(dtypes.max(self.dtype)).uop))
+    all_ones = -1 if self.dtype.kind == "int" else dtypes.max(self.dtype)
+    return Tensor(self.uop.alu(Ops.XOR, self._scalar(all_ones).uop))
 
   def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     axes = _reduce_axes(axis, self.ndim)
@@ -488,10 +492,13 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     w = other.unsqueeze(1) if other.ndim == 1 else other
     if x.shape[-1] != w.shape[-2]:
       raise ValueError(f"matmul shapes {self.shape} and {other.shape} do not match: {x.shape[-1]} != {w.shape[-2]}")
+    try:
+      broadcast_shape(x.shape[:-2], w.shape[:-2])
+    except ValueError:
+      raise ValueError(f"matmul batch dimensions of {self.shape} and {other.shape} do not broadcast") from None
     # x: (..., n, k, 1) times w: (..., 1, k, m), summed over k
     product = x.unsqueeze(-1) * w.unsqueeze(-3)
-    result = product.sum(-2, dtype=least_upper_dtype(self.dtype, other.dtype) if dtypes.is_float(
-      least_upper_dtype(self.dtype, other.dtype)) else None)
+    result = product.sum(-2, dtype=least_upper_dtype(self.dtype, other.dtype))
     if self.ndim == 1: result = result.squeeze(-2)
     if other.ndim == 1: result = result.squeeze(-1)
     return result
@@ -510,7 +517,8 @@ def _is_buffer_view(node: UOp) -> bool:
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   from rawgrad.runtime.device import buffer_for
   dtype = dtype or dtypes.from_numpy(array.dtype)
-  data = np.ascontiguousarray(array, dtype=dtypes.to_numpy(dtype)).reshape(array.shape)
+  # a copy, as torch.tensor makes: later writes to the user's array must not reach the tensor
+  data = np.array(array, dtype=dtypes.to_numpy(dtype), order="C", copy=True)
   uop = _buffer_uop(data.shape, dtype, device)
   buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
   return uop

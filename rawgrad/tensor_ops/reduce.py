@@ -66,7 +66,7 @@ class ReduceOps:
     return (size - countdown).cast(dtypes.int64)
 
   def argmin(self, axis: int | None = None, keepdim: bool = False):
-    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool: return self._invert_order().argmax(axis, keepdim)
+    if not dtypes.is_float(self.dtype): return self._invert_order().argmax(axis, keepdim)
     return (-self).argmax(axis, keepdim)
 
   def logsumexp(self, axis: Axis = None, keepdim: bool = False):
@@ -124,7 +124,7 @@ class ReduceOps:
     return ValuesIndices(values, self._scan_indices(values, resolved))
 
   def cummin(self, axis: int = 0) -> ValuesIndices:
-    if dtypes.is_unsigned(self.dtype) or self.dtype == dtypes.bool:
+    if not dtypes.is_float(self.dtype):
       inverted = self._invert_order().cummax(axis)
       return ValuesIndices(inverted.values._invert_order(), inverted.indices)
     negated = (-self).cummax(axis)

@@ -1,0 +1,273 @@
+"""The scheduler's fusion decisions, checked by kernel counts, the reasons nodes become buffers, and values.
+
+A node becomes a buffer when it is an output, when contiguous() asks for it, or when recomputing it for its consumers
+would repeat a reduction (a consumer broadcasts it, or consumers index it differently). Elementwise work is always
+recomputed in place, and movement ops never copy.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgrad.compiler.ir import Ops
+from rawgrad.compiler.rangeify import Schedule, buffer_base, create_schedule
+from rawgrad.runtime.realize import GlobalCounters, realize_tensors
+from rawgrad.tensor import Tensor
+
+N = 6
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def schedule_of(*tensors: Tensor) -> Schedule:
+  return create_schedule([t.uop for t in tensors])
+
+
+def kernels_to_realize(*tensors: Tensor) -> int:
+  """Realize the tensors and count the kernels that ran."""
+  GlobalCounters.reset()
+  realize_tensors(list(tensors))
+  return GlobalCounters.kernel_count
+
+
+def intermediate_buffers(schedule: Schedule) -> list[tuple[Ops, str]]:
+  """(op, reason) of every node that became a buffer for a reason other than being an output."""
+  return [(node.op, reason) for node, reason in schedule.reasons.items() if reason != "output"]
+
+
+def assert_fusion(t: Tensor, kernels: int, expected: np.ndarray, rtol: float = 1e-5, atol: float = 1e-5) -> Schedule:
+  """t's schedule has `kernels` kernels, realizing it runs that many, and its values match numpy's."""
+  schedule = schedule_of(t)
+  assert len(schedule.items) == kernels, [item.name for item in schedule.items]
+  assert kernels_to_realize(t) == kernels
+  assert buffer_base(t.uop) is not None
+  np.testing.assert_allclose(t.numpy(), expected, rtol=rtol, atol=atol)
+  return schedule
+
+
+# *** one kernel ***
+
+def test_elementwise_then_reduce_is_one_kernel() -> None:
+  a, b, c = rand(4, 5, seed=1), rand(4, 5, seed=2), rand(4, 5, seed=3)
+  schedule = assert_fusion(((Tensor(a) + Tensor(b)) * Tensor(c)).sum(), 1, ((a + b) * c).sum())
+  assert intermediate_buffers(schedule) == []
+
+
+def test_reduce_over_an_axis_with_broadcast_inputs_is_one_kernel() -> None:
+  a, b = rand(4, 1, seed=1), rand(1, 5, seed=2)
+  assert_fusion((Tensor(a) * Tensor(b) + 1).sum(0), 1, (a * b + 1).sum(0))
+
+
+@pytest.mark.parametrize("shape_a, shape_b", [((3, 4), (4, 5)), ((2, 3, 4), (2, 4, 5)), ((2, 3, 4), (4, 5)),
+                                              ((4,), (4, 5)), ((3, 4), (4,))])
+def test_matmul_is_one_kernel(shape_a: tuple, shape_b: tuple) -> None:
+  a, b = rand(*shape_a, seed=1), rand(*shape_b, seed=2)
+  schedule = assert_fusion(Tensor(a) @ Tensor(b), 1, a @ b)
+  assert intermediate_buffers(schedule) == []
+
+
+def test_matmul_of_transposed_and_flipped_views_is_one_kernel() -> None:
+  a, b = rand(4, 3, seed=1), rand(5, 4, seed=2)
+  assert_fusion(Tensor(a).T @ Tensor(b)[::-1].T, 1, a.T @ b[::-1].T)
+
+
+def test_elementwise_epilogue_of_matmul_is_one_kernel() -> None:
+  a, b, bias = rand(3, 4, seed=1), rand(4, 5, seed=2), rand(5, seed=3)
+  assert_fusion((Tensor(a) @ Tensor(b) + Tensor(bias)).relu(), 1, np.maximum(a @ b + bias, 0))
+
+
+def test_permute_then_reshape_is_one_kernel_without_a_copy() -> None:
+  x = rand(4, N)
+  t = Tensor(x).permute(1, 0).reshape(3, 8) + 1
+  schedule = assert_fusion(t, 1, x.transpose(1, 0).reshape(3, 8) + 1)
+  assert intermediate_buffers(schedule) == [], "a movement op was copied into a buffer"
+  assert list(schedule.reasons.values()) == ["output"]
+
+
+def test_chain_of_movement_ops_is_one_kernel() -> None:
+  x = rand(4, N)
+  t = Tensor(x).flip(0).pad(((1, 1), (0, 2))).permute(1, 0)[1:, ::2].reshape(-1) * 2
+  expected = np.pad(x[::-1], ((1, 1), (0, 2))).transpose(1, 0)[1:, ::2].reshape(-1) * 2
+  schedule = assert_fusion(t, 1, expected)
+  assert intermediate_buffers(schedule) == []
+
+
+def test_reduce_used_twice_the_same_way_is_not_buffered() -> None:
+  x = rand(4, N)
+  s = Tensor(x).sum(1)
+  schedule = assert_fusion(s * s + s, 1, x.sum(1) * x.sum(1) + x.sum(1))
+  assert intermediate_buffers(schedule) == []
+
+
+def test_elementwise_used_at_different_indices_is_recomputed() -> None:
+  x = rand(4, N)
+  y = Tensor(x) * 2
+  schedule = assert_fusion(y + y.flip(0), 1, x * 2 + (x * 2)[::-1])
+  assert intermediate_buffers(schedule) == []
+
+
+def test_elementwise_broadcast_two_ways_is_recomputed() -> None:
+  v = rand(N)
+  y = (Tensor(v) * 2).exp()
+  expected = np.exp(v * 2).reshape(1, N) + np.exp(v * 2).reshape(N, 1)
+  schedule = assert_fusion(y.reshape(1, N) + y.reshape(N, 1), 1, expected)
+  assert intermediate_buffers(schedule) == []
+
+
+def test_elementwise_used_three_ways_is_recomputed() -> None:
+  x = rand(4, 4)
+  y = Tensor(x).exp() + 1
+  expected = (np.exp(x) + 1) * (np.exp(x) + 1).T - (np.exp(x) + 1)[::-1, 1:].sum(1, keepdims=True)
+  assert_fusion(y * y.permute(1, 0) - y.flip(0)[:, 1:].sum(1, keepdim=True), 2, expected)
+
+
+def test_reduction_of_a_reduction_is_one_kernel() -> None:
+  x = rand(4, N)
+  assert_fusion(Tensor(x).sum(1).max(), 1, x.sum(1).max())
+  a, b = rand(3, 4, seed=1), rand(4, 5, seed=2)
+  assert_fusion((Tensor(a) @ Tensor(b)).sum(), 1, (a @ b).sum())
+
+
+def test_two_full_reductions_into_one_scalar_are_one_kernel() -> None:
+  x = rand(4, N)
+  assert_fusion(Tensor(x).sum() + Tensor(x).max(), 1, x.sum() + x.max())
+
+
+# *** buffers ***
+
+def test_softmax_over_rows_is_three_kernels() -> None:
+  x = rand(4, N)
+  t = Tensor(x)
+  e = (t - t.max(1, keepdim=True)).exp()
+  softmax = e / e.sum(1, keepdim=True)
+  ex = np.exp(x - x.max(1, keepdims=True))
+  schedule = assert_fusion(softmax, 3, ex / ex.sum(1, keepdims=True))
+  buffered = intermediate_buffers(schedule)
+  assert [op for op, _ in buffered] == [Ops.REDUCE_AXIS, Ops.REDUCE_AXIS], buffered
+  np.testing.assert_allclose(softmax.numpy().sum(1), np.ones(4), rtol=1e-5)
+
+
+def test_variance_is_two_kernels() -> None:
+  x = rand(4, N)
+  t = Tensor(x)
+  centered = t - t.mean(1, keepdim=True)
+  assert_fusion((centered * centered).mean(1), 2, x.var(1))
+
+
+def test_reduce_broadcast_two_ways_is_buffered() -> None:
+  x = rand(4, N)
+  s = Tensor(x).sum(1)
+  expected = x.sum(1).reshape(1, 4) + x.sum(1).reshape(4, 1)
+  schedule = assert_fusion(s.reshape(1, 4) + s.reshape(4, 1), 2, expected)
+  buffered = intermediate_buffers(schedule)
+  assert [op for op, _ in buffered] == [Ops.REDUCE_AXIS], buffered
+
+
+def test_reduce_indexed_differently_is_buffered() -> None:
+  x = rand(4, N)
+  s = Tensor(x).sum(1)
+  schedule = assert_fusion(s + s.flip(0), 2, x.sum(1) + x.sum(1)[::-1])
+  buffered = intermediate_buffers(schedule)
+  assert len(buffered) == 1 and "index it differently" in buffered[0][1], buffered
+
+
+def test_elementwise_on_a_reduce_indexed_differently_is_buffered_once() -> None:
+  x = rand(4, N)
+  s = Tensor(x).sum(1).exp()
+  expected = np.exp(x.sum(1)) * np.exp(x.sum(1))[::-1]
+  schedule = assert_fusion(s * s.flip(0), 2, expected, rtol=1e-4)
+  assert len(intermediate_buffers(schedule)) == 1
+
+
+def test_contiguous_forces_a_buffer() -> None:
+  x = rand(4, N)
+  schedule = assert_fusion(Tensor(x).permute(1, 0).contiguous() + 1, 2, x.T + 1)
+  assert intermediate_buffers(schedule) == [(Ops.CONTIGUOUS, "contiguous requested")]
+
+
+def test_contiguous_of_a_buffer_is_free() -> None:
+  x = rand(4, N)
+  assert len(schedule_of(Tensor(x).contiguous() * 2).items) == 1
+  assert_fusion(Tensor(x).reshape(N, 4).contiguous() * 2, 1, x.reshape(N, 4) * 2)
+
+
+# *** realized buffers and the becomes map ***
+
+def test_realized_buffers_are_reused() -> None:
+  x = rand(4, N)
+  y = Tensor(x).exp().sum(1)
+  assert kernels_to_realize(y) == 1
+  base = buffer_base(y.uop)
+  assert base is not None
+  z = y * 2 + y.flip(0)
+  schedule = schedule_of(z)
+  assert len(schedule.items) == 1, "only the new kernel"
+  assert base in schedule.items[0].buffers, "the new kernel reads the realized buffer"
+  assert not any(node.op is Ops.REDUCE for node in schedule.items[0].ast.toposort), "the sum was recomputed"
+  assert kernels_to_realize(z) == 1
+  np.testing.assert_allclose(z.numpy(), np.exp(x).sum(1) * 2 + np.exp(x).sum(1)[::-1], rtol=1e-5)
+
+
+def test_realizing_again_runs_nothing() -> None:
+  y = Tensor(rand(4, N)) + 1
+  assert kernels_to_realize(y) == 1
+  assert kernels_to_realize(y) == 0
+  assert len(schedule_of(y).items) == 0
+
+
+def test_becomes_map_maps_outputs_to_buffer_views() -> None:
+  x = rand(4, N)
+  y = Tensor(x).sum(1, keepdim=True) * 2
+  schedule = schedule_of(y)
+  replacement = schedule.becomes_map[y.uop]
+  assert buffer_base(replacement) is not None and replacement.shape == y.shape
+  assert buffer_base(replacement) is schedule.items[-1].buffers[0], "the output is the last kernel's first buffer"
+  before = y.uop
+  y.realize()
+  assert y.uop is not before and buffer_base(y.uop) is not None and y.shape == (4, 1)
+  assert buffer_base(y.uop).op is Ops.BUFFER
+  np.testing.assert_allclose(y.numpy(), x.sum(1, keepdims=True) * 2, rtol=1e-5)
+
+
+def test_becomes_map_updates_every_tensor_that_shares_the_graph() -> None:
+  x = rand(4, N)
+  t = Tensor(x)
+  row_max = t.max(1, keepdim=True)
+  e = (t - row_max).exp()
+  total = e.sum(1, keepdim=True)
+  softmax = e / total
+  later = softmax * 3  # built before softmax is realized
+  assert kernels_to_realize(softmax) == 3
+  assert buffer_base(softmax.uop) in later.uop.toposort
+  # the buffered intermediates are buffers now: reading them runs nothing
+  assert kernels_to_realize(row_max) == 0 and kernels_to_realize(total) == 0
+  np.testing.assert_allclose(row_max.numpy(), x.max(1, keepdims=True))
+  ex = np.exp(x - x.max(1, keepdims=True))
+  np.testing.assert_allclose(total.numpy(), ex.sum(1, keepdims=True), rtol=1e-5)
+  assert kernels_to_realize(later) == 1
+  np.testing.assert_allclose(later.numpy(), ex / ex.sum(1, keepdims=True) * 3, rtol=1e-5)
+  # e was recomputed inside the kernels, never stored: realizing it is one new elementwise kernel
+  assert kernels_to_realize(e) == 1
+  np.testing.assert_allclose(e.numpy(), ex, rtol=1e-5)
+
+
+def test_realizing_two_outputs_together() -> None:
+  x = rand(4, N)
+  a = Tensor(x) + 1
+  b = (Tensor(x) * 2).sum(0)
+  assert len(schedule_of(a, b).items) == 2
+  assert kernels_to_realize(a, b) == 2
+  np.testing.assert_allclose(a.numpy(), x + 1)
+  np.testing.assert_allclose(b.numpy(), (x * 2).sum(0), rtol=1e-5)
+
+
+def test_kernel_count_matches_schedule_length() -> None:
+  x = rand(4, N)
+  t = Tensor(x)
+  out = (t.sum(1).reshape(4, 1) + t.max(0).reshape(1, N)).exp().sum()
+  schedule = schedule_of(out)
+  assert kernels_to_realize(out) == len(schedule.items) == 3
+  expected = np.exp(x.sum(1).reshape(4, 1) + x.max(0).reshape(1, N)).sum()
+  np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
