@@ -26,12 +26,18 @@ class CompiledRunner:
   program: list[UOp]
   source: str
   runtime: object
+  buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
 
+  def kernargs(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> np.ndarray:
+    """The argument block: one 8-byte slot per used buffer address, then per variable value."""
+    slots = [buffers[i].address for i in self.buffer_slots] + [var_values[v] for v in self.variables]
+    return np.array(slots, dtype=np.uint64) if slots else np.zeros(1, dtype=np.uint64)
+
   def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> float:
-    arguments = [buffer.address for buffer in buffers] + [var_values[v] for v in self.variables]
+    kernargs = self.kernargs(buffers, var_values)
     start = time.perf_counter()
-    self.runtime(*arguments)
+    self.runtime(kernargs.ctypes.data, 0, 1)
     return time.perf_counter() - start
 
 
@@ -49,8 +55,9 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     if DEBUG >= 4: print(source)
     obj = compile_cached(compiled.compiler, source)
     variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
+    buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
     runtime = compiled.program_class(_symbol(ast.arg), obj)
-    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, variables)
+    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables)
   return _runners[key]
 
 

@@ -37,6 +37,11 @@ def _is_signed(dtype: DType) -> bool:
   return dtype.kind == "int"
 
 
+# the slice of the parallel work a call runs, and how many slices there are (kernel parameters)
+CORE = UOp(Ops.SPECIAL, dtypes.index, arg="core")
+CORES = UOp(Ops.SPECIAL, dtypes.index, arg="cores")
+
+
 class LLVMRenderer:
   """program (from codegen.linearize) -> LLVM IR module text with one function `name`."""
 
@@ -70,27 +75,41 @@ class _FunctionWriter:
     self.lines.append("  " + text)
 
   def write(self) -> str:
-    params = sorted((u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    """The kernel body as an internal function with noalias parameters, and the entry point the runtime calls:
+    `void name(ptr args, i64 core, i64 cores)`, where args holds 8-byte slots: the addresses of the buffers the
+    program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name)."""
+    params = sorted(dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     variables = sorted({u for u in self.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-    signature = []
-    for param in dict.fromkeys(params):
-      self.names[param] = f"%data{param.arg}"
-      signature.append(f"ptr noalias %data{param.arg}")
-    for variable in variables:
-      self.names[variable] = f"%var_{_symbol(variable.arg[0])}"
-      signature.append(f"i64 {self.names[variable]}")
+    for param in params: self.names[param] = f"%data{param.arg}"
+    for variable in variables: self.names[variable] = f"%var_{_symbol(variable.arg[0])}"
+    self.names.update({CORE: "%core", CORES: "%cores"})
     for instruction in self.program: self.instruction(instruction)
+    signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {self.names[v]}" for v in variables]
+    signature += ["i64 %core", "i64 %cores"]
     body = "\n".join(self.allocas + self.lines)
     declarations = "\n".join(sorted(self.declarations))
-    header = f"define void @{self.name}({', '.join(signature)}) #0 {{"
-    return (f"{declarations}\n\n{header}\nentry:\n{body}\n  ret void\n}}\n\n"
-            'attributes #0 = { nounwind "frame-pointer"="none" }\n')
+    kernel = (f"define internal void @{self.name}.body({', '.join(signature)}) #0 {{\nentry:\n{body}\n  ret void\n}}\n")
+    return f"{declarations}\n\n{kernel}\n{self.entry_point(params, variables)}\n" \
+           'attributes #0 = { nounwind alwaysinline "frame-pointer"="none" }\n' \
+           'attributes #1 = { nounwind "frame-pointer"="none" }\n'
+
+  def entry_point(self, params: list[UOp], variables: list[UOp]) -> str:
+    lines, arguments = [], []
+    for slot, node in enumerate(params + variables):
+      kind = "ptr" if node.op is Ops.DEFINE_GLOBAL else "i64"
+      lines.append(f"  %slot{slot} = getelementptr inbounds i64, ptr %args, i64 {slot}")
+      lines.append(f"  %arg{slot} = load {kind}, ptr %slot{slot}, align 8")
+      arguments.append(f"{kind} %arg{slot}")
+    arguments += ["i64 %core", "i64 %cores"]
+    call = f"  call void @{self.name}.body({', '.join(arguments)})"
+    return f"define void @{self.name}(ptr %args, i64 %core, i64 %cores) #1 {{\nentry:\n" + "\n".join(lines + [call]) + \
+      "\n  ret void\n}\n"
 
   # *** instructions ***
 
   def instruction(self, node: UOp) -> None:
     op = node.op
-    if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK): return
+    if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK, Ops.SPECIAL): return
     handler = getattr(self, f"op_{op.name.lower()}", None)
     if handler is not None: handler(node)
     elif op in _BINARY or op in (Ops.MAX, Ops.CMPLT, Ops.CMPNE): self.binary(node)
