@@ -208,7 +208,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     targets = [t for t in list(all_tensors) if t.requires_grad and t.uop in in_graph]
     if not targets: raise RuntimeError("backward: no tensor with requires_grad=True contributes to this one")
     for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
-      target.grad = grad if target.grad is None else target.grad + grad
+      # accumulate in place, so a jit replay that runs this step again adds to the same buffer
+      if target.grad is None: target.grad = grad
+      else: target.grad.assign(target.grad + grad)
     return self
 
   # *** broadcasting and dtype promotion ***

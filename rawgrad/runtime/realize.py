@@ -15,6 +15,7 @@ from rawgrad.dtype import dtypes
 from rawgrad.helpers import DEBUG, SPEC, GlobalCounters
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
+from rawgrad.runtime.jit import CapturedKernel, capturing, refuse_host_read
 from rawgrad.runtime.memory import plan_arena
 
 
@@ -71,6 +72,7 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
     runner = get_runner(buffers[0].device, item.ast)
     var_values = dict(item.var_values)
+    if (capture := capturing()) is not None: capture.kernels.append(CapturedKernel(runner, buffers, var_values))
     seconds = runner(buffers, var_values)
     cost = estimate_cost(runner.program, var_values)
     GlobalCounters.kernel_count += 1
@@ -116,6 +118,7 @@ def plan_temporaries(items: list[ScheduleItem], kept: set[UOp]) -> None:
 
 
 def read_numpy(tensor) -> np.ndarray:
+  refuse_host_read("reading a tensor on the host (numpy/tolist/item)")
   if any(not isinstance(s, int) for s in tensor.shape):
     raise ValueError(f"cannot read a tensor with symbolic shape {tensor.shape} into numpy")
   if buffer_base(tensor.uop) is None: tensor.realize()

@@ -1,0 +1,167 @@
+"""jit: run a function normally once, capture the kernels it launches on the second call, replay them afterwards.
+
+Replay skips Python entirely: input buffers are swapped in by position, Variables rebound, and the captured
+kernels run again on the same intermediate and output buffers. Anything the function does besides launching
+kernels (printing, reading values on the host, changing Python state) does not happen on replay, so the capture
+refuses what replay would silently get wrong, with an error that says what happened.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.runtime.device import Buffer, buffer_for
+
+
+class JitError(RuntimeError):
+  pass
+
+
+@dataclass
+class CapturedKernel:
+  runner: Any                       # CompiledRunner
+  buffers: list[Buffer]
+  var_values: dict[UOp, int]
+
+
+@dataclass
+class Capture:
+  kernels: list[CapturedKernel] = field(default_factory=list)
+
+
+_capturing: list[Capture] = []
+
+
+def capturing() -> Capture | None:
+  return _capturing[-1] if _capturing else None
+
+
+def refuse_host_read(what: str) -> None:
+  """Called by host reads (numpy(), item(), tolist()): inside a capture the replay would skip them."""
+  if _capturing:
+    raise JitError(f"{what} inside a jit-captured function: replay would skip this host read and return stale "
+                   "values; return the tensor from the function and read it outside")
+
+
+@dataclass(frozen=True)
+class _InputSpec:
+  shape: tuple
+  dtype: Any
+  device: str
+
+
+def _is_bound_variable(value: Any) -> bool:
+  return isinstance(value, UOp) and value.op is Ops.BIND
+
+
+def _split_arguments(args: tuple, kwargs: dict) -> tuple[list[Any], list[tuple[str, Any]], dict[str, int]]:
+  """Tensor inputs (by position), other arguments (which must not change), and bound Variables' values by name."""
+  from rawgrad.tensor import Tensor
+  values = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"keyword {k}", v) for k, v in sorted(kwargs.items())]
+  tensors = [v for _, v in values if isinstance(v, Tensor)]
+  others = [(label, v) for label, v in values if not isinstance(v, Tensor) and not _is_bound_variable(v)]
+  bound = {v.src[0].arg[0]: v.src[1].arg for _, v in values if _is_bound_variable(v)}
+  return tensors, others, bound
+
+
+def _tensors_in(value: Any) -> list[Any]:
+  from rawgrad.tensor import Tensor
+  if isinstance(value, Tensor): return [value]
+  if isinstance(value, (list, tuple)): return [t for item in value for t in _tensors_in(item)]
+  if isinstance(value, dict): return [t for item in value.values() for t in _tensors_in(item)]
+  return []
+
+
+def _buffer_of(tensor: Any) -> Buffer:
+  node = tensor.uop.src[0] if tensor.uop.op is Ops.RESHAPE else tensor.uop
+  return buffer_for(node)
+
+
+class jit:
+  """Decorator: `@jit def step(x, y): ...`. Tensor arguments are inputs (matched by position); returned tensors
+  are outputs, realized before the function returns and backed by the same buffers on every replay."""
+
+  def __init__(self, function: Callable[..., Any]):
+    self.function = function
+    self.calls = 0
+    self.kernels: list[CapturedKernel] = []
+    self.input_specs: list[_InputSpec] = []
+    self.non_tensor_arguments: list[tuple[str, Any]] = []
+    self.input_slots: list[list[tuple[int, int]]] = []   # per input: (kernel, buffer position) that read it
+    self.result: Any = None
+    functools.update_wrapper(self, function)
+
+  def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    if _capturing: raise JitError(f"jit {self.function.__name__} called while another jit function is capturing")
+    tensors, others, bound = _split_arguments(args, kwargs)
+    from rawgrad.tensor import Tensor
+    if tensors: Tensor.realize(*tensors)
+    self.calls += 1
+    if self.calls == 1: return self._run_and_realize(args, kwargs)
+    if self.calls == 2: return self._capture(args, kwargs, tensors, others)
+    return self._replay(tensors, others, bound)
+
+  def _run_and_realize(self, args: tuple, kwargs: dict) -> Any:
+    from rawgrad.tensor import Tensor
+    result = self.function(*args, **kwargs)
+    if outputs := _tensors_in(result): Tensor.realize(*outputs)
+    return result
+
+  def _capture(self, args: tuple, kwargs: dict, tensors: list[Any], others: list[tuple[str, Any]]) -> Any:
+    input_buffers = [_buffer_of(t) for t in tensors]
+    if len({id(b) for b in input_buffers}) != len(input_buffers):
+      raise JitError(f"jit {self.function.__name__}: the same buffer is passed as two inputs; replay could not "
+                     "swap them independently")
+    capture = Capture()
+    _capturing.append(capture)
+    try:
+      result = self._run_and_realize(args, kwargs)
+    finally:
+      _capturing.pop()
+    if not capture.kernels: raise JitError(f"jit {self.function.__name__}: the function launched no kernels")
+    outputs = [_buffer_of(t) for t in _tensors_in(result)]
+    aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
+    if aliased: raise JitError(f"jit {self.function.__name__}: output aliases input {aliased[0]}")
+    self.kernels, self.result = capture.kernels, result
+    self.input_specs = [_InputSpec(t.shape, t.dtype, t.device) for t in tensors]
+    self.non_tensor_arguments = others
+    self.input_slots = [[(k, p) for k, kernel in enumerate(self.kernels) for p, b in enumerate(kernel.buffers)
+                         if b is buffer] for buffer in input_buffers]
+    return result
+
+  def _check_inputs(self, tensors: list[Any], others: list[tuple[str, Any]]) -> None:
+    name = self.function.__name__
+    if len(tensors) != len(self.input_specs):
+      raise JitError(f"jit {name}: captured with {len(self.input_specs)} tensor inputs, called with {len(tensors)}")
+    for i, (tensor, spec) in enumerate(zip(tensors, self.input_specs)):
+      got = _InputSpec(tensor.shape, tensor.dtype, tensor.device)
+      if got != spec:
+        raise JitError(f"jit {name}: input {i} was captured as shape {spec.shape} {spec.dtype!r} on {spec.device}, "
+                       f"now it is shape {got.shape} {got.dtype!r} on {got.device}")
+    if [label for label, _ in others] != [label for label, _ in self.non_tensor_arguments] or \
+       any(not _same_value(a, b) for (_, a), (_, b) in zip(others, self.non_tensor_arguments)):
+      raise JitError(f"jit {name}: a non-Tensor argument changed since the capture ({self.non_tensor_arguments} -> "
+                     f"{others}); replay would ignore it")
+    buffers = [_buffer_of(t) for t in tensors]
+    if len({id(b) for b in buffers}) != len(buffers):
+      raise JitError(f"jit {name}: the same buffer is passed as two inputs")
+
+  def _replay(self, tensors: list[Any], others: list[tuple[str, Any]], bound: dict[str, int]) -> Any:
+    self._check_inputs(tensors, others)
+    for kernel in self.kernels:
+      for variable in kernel.var_values:
+        if variable.arg[0] in bound: kernel.var_values[variable] = bound[variable.arg[0]]
+    for tensor, slots in zip(tensors, self.input_slots):
+      buffer = _buffer_of(tensor).ensure_allocated()
+      for kernel, position in slots: self.kernels[kernel].buffers[position] = buffer
+    for kernel in self.kernels: kernel.runner(kernel.buffers, kernel.var_values)
+    return self.result
+
+
+def _same_value(a: Any, b: Any) -> bool:
+  try:
+    return bool(a == b) and type(a) is type(b)
+  except Exception:  # noqa: BLE001 - objects whose comparison fails are treated as changed
+    return False

@@ -1,0 +1,153 @@
+"""jit: replay matches eager, and everything replay would get silently wrong raises instead."""
+import numpy as np
+import pytest
+
+from rawgrad import GlobalCounters, Tensor, Variable, jit
+from rawgrad.runtime.jit import JitError
+
+rng = np.random.default_rng(0)
+
+
+def _inputs(count: int, shape: tuple = (3, 4)) -> list[np.ndarray]:
+  return [rng.standard_normal(shape).astype(np.float32) for _ in range(count)]
+
+
+def test_replay_is_bit_identical_to_eager() -> None:
+  weight = Tensor(rng.standard_normal((4, 5)).astype(np.float32))
+
+  def forward(x: Tensor) -> Tensor:
+    return (x @ weight).relu().sum(1)
+
+  jitted = jit(forward)
+  for x in _inputs(5):
+    eager = forward(Tensor(x)).numpy()
+    np.testing.assert_array_equal(jitted(Tensor(x)).numpy(), eager)
+    np.testing.assert_allclose(eager, np.maximum(x @ weight.numpy(), 0).sum(1), rtol=1e-5)
+
+
+def test_replay_launches_the_captured_kernels_without_scheduling() -> None:
+  @jit
+  def double_then_sum(x: Tensor, y: Tensor) -> Tensor:
+    return (x * 2 + y).sum(0)
+
+  xs, ys = _inputs(4), _inputs(4)
+  for x, y in zip(xs[:2], ys[:2]): double_then_sum(Tensor(x), Tensor(y))
+  GlobalCounters.reset()
+  out = double_then_sum(Tensor(xs[2]), Tensor(ys[2]))
+  assert GlobalCounters.kernel_count == 0  # replay bypasses the scheduler and its counters
+  np.testing.assert_allclose(out.numpy(), (xs[2] * 2 + ys[2]).sum(0), rtol=1e-6)
+
+
+def test_inputs_are_swapped_by_position() -> None:
+  @jit
+  def subtract(a: Tensor, b: Tensor) -> Tensor:
+    return a - b
+
+  a, b = _inputs(2)
+  for _ in range(2): subtract(Tensor(a), Tensor(b))
+  np.testing.assert_array_equal(subtract(Tensor(b), Tensor(a)).numpy(), b - a)
+
+
+def test_gradient_accumulation_across_replays_matches_eager() -> None:
+  start = rng.standard_normal((4, 3)).astype(np.float32)
+
+  def step(x: Tensor, weight: Tensor) -> Tensor:
+    ((x @ weight) * (x @ weight)).sum().backward()
+    return weight.grad
+
+  xs = _inputs(5)
+  weight = Tensor(start, requires_grad=True)
+  eager = [step(Tensor(x), weight).numpy().copy() for x in xs]
+  weight = Tensor(start, requires_grad=True)
+  jitted_step = jit(lambda x: step(x, weight))
+  jitted = [jitted_step(Tensor(x)).numpy().copy() for x in xs]
+  for want, got in zip(eager, jitted): np.testing.assert_allclose(got, want, rtol=1e-5)
+  expected = sum(2 * x.T @ (x @ start) for x in xs)
+  np.testing.assert_allclose(jitted[-1], expected, rtol=1e-4)
+
+
+def test_variables_are_rebound_on_replay() -> None:
+  n = Variable("n", 1, 10)
+
+  @jit
+  def scale(x: Tensor, count) -> Tensor:
+    return x * 2
+
+  x = _inputs(1)[0]
+  for value in (3, 4, 5): np.testing.assert_array_equal(scale(Tensor(x), n.bind(value)).numpy(), x * 2)
+
+
+# *** what replay would get wrong raises ***
+
+def test_changed_input_shape_dtype_or_count_raises() -> None:
+  jitted = jit(lambda x: x + 1)
+  for _ in range(2): jitted(Tensor(_inputs(1)[0]))
+  with pytest.raises(JitError, match=r"captured as shape \(3, 4\).*now it is shape \(2, 4\)"):
+    jitted(Tensor(_inputs(1, (2, 4))[0]))
+  with pytest.raises(JitError, match="int32"):
+    jitted(Tensor(np.ones((3, 4), np.int32)))
+  with pytest.raises(JitError, match="called with 2"):
+    jitted(Tensor(_inputs(1)[0]), Tensor(_inputs(1)[0]))
+
+
+def test_changed_device_raises() -> None:
+  jitted = jit(lambda x: x + 1)
+  for _ in range(2): jitted(Tensor(_inputs(1)[0]))
+  with pytest.raises(JitError, match="on CPU:1"):
+    jitted(Tensor(_inputs(1)[0], device="CPU:1"))
+
+
+def test_changed_non_tensor_argument_raises() -> None:
+  jitted = jit(lambda x, factor: x * factor)
+  x = Tensor(_inputs(1)[0])
+  jitted(x, 2)
+  jitted(x, 2)
+  np.testing.assert_allclose(jitted(x, 2).numpy(), x.numpy() * 2)
+  with pytest.raises(JitError, match="non-Tensor argument changed"):
+    jitted(x, 3)
+
+
+@pytest.mark.parametrize("read", ["item", "tolist", "numpy"])
+def test_host_read_inside_capture_raises(read: str) -> None:
+  def function(x: Tensor):
+    total = x.sum()
+    getattr(total, read)()
+    return total
+
+  jitted = jit(function)
+  jitted(Tensor([1.0, 2.0]))
+  with pytest.raises(JitError, match="host read"):
+    jitted(Tensor([1.0, 2.0]))
+
+
+def test_same_buffer_twice_raises() -> None:
+  jitted = jit(lambda a, b: a + b)
+  x = Tensor(_inputs(1)[0])
+  jitted(x, x)
+  with pytest.raises(JitError, match="same buffer"):
+    jitted(x, x)
+
+
+def test_output_aliasing_an_input_raises() -> None:
+  def update(x: Tensor) -> Tensor:
+    return x.assign(x + 1)
+
+  jitted = jit(update)
+  jitted(Tensor([1.0]))
+  with pytest.raises(JitError, match="aliases input 0"):
+    jitted(Tensor([1.0]))
+
+
+def test_jit_inside_jit_raises() -> None:
+  inner = jit(lambda x: x * 2)
+  outer = jit(lambda x: inner(x) + 1)
+  outer(Tensor([1.0]))
+  with pytest.raises(JitError, match="another jit function is capturing"):
+    outer(Tensor([1.0]))
+
+
+def test_nothing_launched_raises() -> None:
+  jitted = jit(lambda x: x)
+  jitted(Tensor([1.0]))
+  with pytest.raises(JitError, match="launched no kernels"):
+    jitted(Tensor([1.0]))
