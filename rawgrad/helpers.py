@@ -61,6 +61,7 @@ def Context(**settings: int) -> Iterator[None]:
 DEBUG = ContextVar("DEBUG", 0)
 SPEC = ContextVar("SPEC", 0)
 TRACK_REWRITES = ContextVar("TRACK_REWRITES", 0)
+PROFILE = ContextVar("PROFILE", 0)
 
 
 def prod(values: Iterable[T], start: Any = 1) -> Any:

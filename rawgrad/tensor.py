@@ -9,7 +9,8 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
-from rawgrad.helpers import all_same, prod, unique_id
+from rawgrad.helpers import PROFILE, all_same, prod, unique_id
+from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
 from rawgrad.tensor_ops.nn import NNOps
 from rawgrad.tensor_ops.random import RandomOps
@@ -75,6 +76,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     else:
       raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
     self.uop: UOp = uop
+    if PROFILE: record_origin(uop)
     self.requires_grad = requires_grad
     self.grad: Tensor | None = None
     all_tensors.add(self)

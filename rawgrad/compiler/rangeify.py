@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterator
 
-from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index
+from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
 from rawgrad.compiler.symbolic import simplify
@@ -32,6 +32,8 @@ class ScheduleItem:
   ast: UOp
   buffers: tuple[UOp, ...]
   var_values: tuple[tuple[UOp, int], ...] = ()
+  dims: tuple = ()                 # the shape of what the kernel stores
+  operations: tuple[str, ...] = ()  # the tensor operations it computes, where the profiler recorded them
 
   @property
   def name(self) -> str:
@@ -269,6 +271,7 @@ class KernelBuilder:
     self.var_values: dict[UOp, int] = {}
     self.axes = itertools.count()
     self.cache: dict[tuple, UOp] = {}
+    self.operations: dict[str, None] = {}
 
   def param(self, buffer: UOp) -> UOp:
     if buffer not in self.params:
@@ -310,6 +313,7 @@ class KernelBuilder:
     return self.cache[key]
 
   def _lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
+    if node in origins: self.operations[origins[node]] = None
     op = node.op
     if node is not self.root and node in self.buffers_of:
       return self.load(self.buffers_of[node], node.shape, idx, valid)
@@ -377,7 +381,8 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
     builder = KernelBuilder(node, buffer, buffers_of)
     ast = builder.build()
     if SPEC: verify_kernel(ast)
-    items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items())))
+    items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(node.shape),
+                              tuple(builder.operations)))
     roots.append(node)
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
   return Schedule(order_for_assigns(items, roots), make_becomes_map(cleaned, buffers_of), realizes)

@@ -12,11 +12,12 @@ from rawgrad.compiler.spec import verify_program
 from rawgrad.compiler.rangeify import ScheduleItem, buffer_base, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.dtype import dtypes
-from rawgrad.helpers import DEBUG, SPEC, GlobalCounters
+from rawgrad.helpers import DEBUG, PROFILE, SPEC, GlobalCounters
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
 from rawgrad.runtime.jit import CapturedKernel, capturing, refuse_host_read
 from rawgrad.runtime.memory import plan_arena
+from rawgrad.runtime.profile import KernelEvent, record_kernel
 
 
 @dataclass
@@ -73,8 +74,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     runner = get_runner(buffers[0].device, item.ast)
     var_values = dict(item.var_values)
     if (capture := capturing()) is not None: capture.kernels.append(CapturedKernel(runner, buffers, var_values))
+    start_ns = time.perf_counter_ns()
     seconds = runner(buffers, var_values)
     cost = estimate_cost(runner.program, var_values)
+    if PROFILE:
+      record_kernel(KernelEvent(runner.name, runner.device, start_ns, start_ns + int(seconds * 1e9), item.dims,
+                                cost.flops, cost.bytes_moved, item.operations))
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += cost.flops
     GlobalCounters.global_mem += cost.bytes_moved
