@@ -317,10 +317,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     if _all_int(old) and _all_int(shape) and _product(old) != _product(shape):
       raise ValueError(f"cannot reshape {old} ({_product(old)} elements) to {shape} ({_product(shape)} elements)")
     if shape == old: return self
-    # a reshape of a reshape is one reshape of the original
-    base = self.src[0] if self.op is Ops.RESHAPE else self
-    if shape == base.shape: return base
-    return UOp(Ops.RESHAPE, self.dtype, (base, *map(as_index, shape)))
+    return UOp(Ops.RESHAPE, self.dtype, (self, *map(as_index, shape)))
 
   def expand(self, shape: tuple) -> UOp:
     shape, old = tuple(shape), _require_shape(self, "expand")

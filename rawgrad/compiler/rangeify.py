@@ -49,26 +49,19 @@ class Schedule:
 
 # *** step 1: clean up ***
 
-def _merge_reshapes(outer: UOp, inner: UOp) -> UOp:
-  return inner.src[0].reshape(outer.shape)
-
-
 pm_cleanup = PatternMatcher([
   # gradients and detaching do not change values
   (UPat((Ops.DETACH, Ops.CONTIGUOUS_BACKWARD), src=(UPat.var("x"),)), lambda x: x),
-  # a reshape of a reshape is one reshape
-  (UPat(Ops.RESHAPE, src=(UPat(Ops.RESHAPE, name="inner"),), allow_any_len=True, name="outer"), _merge_reshapes),
   # contiguous of something that already is a contiguous buffer is the buffer
-  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.BUFFER, name="b"),)), lambda b: b),
-  (UPat(Ops.CONTIGUOUS, src=(UPat(Ops.RESHAPE, src=(UPat(Ops.BUFFER),), allow_any_len=True, name="view"),)),
-   lambda view: view),
+  (UPat(Ops.CONTIGUOUS, src=(UPat.var("view"),)), lambda view: view if buffer_base(view) is not None else None),
 ])
-"""After pm_cleanup: no DETACH or CONTIGUOUS_BACKWARD, no reshape directly of a reshape, no CONTIGUOUS of a buffer."""
+"""After pm_cleanup: no DETACH or CONTIGUOUS_BACKWARD, no CONTIGUOUS of a buffer. (Few rules on purpose: every
+rewrite rebuilds the nodes above it, and those lose the profiler's record of where they came from.)"""
 
 
 def buffer_base(node: UOp) -> UOp | None:
   """The BUFFER a node is a plain (reshaped) view of, if it is one."""
-  if node.op is Ops.RESHAPE: node = node.src[0]
+  while node.op is Ops.RESHAPE: node = node.src[0]
   return node if node.op is Ops.BUFFER else None
 
 
@@ -217,6 +210,8 @@ def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp,
       if missing := request.scope - _ranges_in(request.idx):
         names = ", ".join(sorted(f"r{r.arg[0]}" for r in missing))
         return f"its reduction would be recomputed for every value of {names} (the consumer broadcasts it)"
+  # a movement op is only index arithmetic: let the differing requests reach its source, which then decides
+  if node.op in GroupOp.Movement: return None
   if len({(r.idx, r.valid) for r in requests}) > 1 and node not in inline and _has_unrealized_reduce(node, realizes):
     return f"{len(requests)} consumers index it differently and recomputing it repeats a reduction"
   return None

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rawgrad.runtime.device import Allocator, Compiled
+from rawgrad.runtime.hcq import HCQDevice, HCQSignal, HWQueue
 from rawgrad.runtime.elf import PAGE_SIZE, find_process_symbol, load_elf, relocate
 
 CType = Any  # a ctypes type such as ctypes.c_void_p; ctypes gives them no common public base class
@@ -89,7 +90,76 @@ class CPUAllocator(Allocator):
     return raw[offset:offset + nbytes]
 
 
+class CPUSignal(HCQSignal):
+  """A timeline signal in host memory, set by the native command processor."""
+
+  def __init__(self, runtime: Any, name: str):
+    from rawgrad.runtime.native import Signal
+    self.runtime, self.native = runtime, Signal(0, name)
+
+  @property
+  def value(self) -> int:
+    return self.native.value
+
+  @property
+  def timestamp_ns(self) -> int:
+    return self.native.timestamp
+
+  def wait(self, value: int, timeout_s: float = 30.0) -> None:
+    self.runtime.wait_signal(self.native, value, timeout_s)
+
+
+class CPUDevice(Compiled, HCQDevice):
+  """The CPU as an HCQ device: queues become native command buffers, run by the native command processor and its
+  worker pool (rawgrad/runtime/native.py) with no Python between commands."""
+
+  def __init__(self, name: str):
+    from rawgrad.compiler.render.llvmir import LLVMRenderer
+    from rawgrad.runtime.compile import LLVMCompiler
+    super().__init__(name, CPUAllocator(), LLVMCompiler(), CPUProgram, LLVMRenderer())
+    self._runtime: Any = None
+    self._signal: CPUSignal | None = None
+    self.timeline_value = 0
+
+  @property
+  def runtime(self) -> Any:
+    if self._runtime is None:
+      from rawgrad.runtime.native import NativeRuntime
+      self._runtime = NativeRuntime()
+    return self._runtime
+
+  @property
+  def cores(self) -> int:
+    return self.runtime.threads
+
+  @property
+  def timeline_signal(self) -> CPUSignal:
+    if self._signal is None: self._signal = CPUSignal(self.runtime, f"{self.name} timeline")
+    return self._signal
+
+  def encode(self, queue: HWQueue) -> Any:
+    from rawgrad.runtime.native import CommandBuffer
+    commands = CommandBuffer()
+    for command in queue.commands:
+      if command.kind == "exec":
+        program, kernargs, cores = command.operands
+        commands.exec(program, kernargs, cores)
+      elif command.kind == "copy": commands.copy(*command.operands)
+      elif command.kind in ("signal", "wait"):
+        signal, value = command.operands
+        getattr(commands, command.kind)(signal.native, value)
+      elif command.kind == "timestamp":
+        slots, index = command.operands
+        commands.timestamp(slots[index:index + 1])
+      else: raise ValueError(f"the CPU queue has no command {command.kind!r}")
+    return commands
+
+  def submit(self, encoded: Any) -> Any:
+    return self.runtime.submit(encoded)
+
+  def synchronize(self, timeout_s: float = 30.0) -> None:
+    if self._signal is not None: self.timeline_signal.wait(self.timeline_value, timeout_s)
+
+
 def open_device(name: str) -> Compiled:
-  from rawgrad.compiler.render.llvmir import LLVMRenderer
-  from rawgrad.runtime.compile import LLVMCompiler
-  return Compiled(name, CPUAllocator(), LLVMCompiler(), CPUProgram, LLVMRenderer())
+  return CPUDevice(name)

@@ -112,6 +112,7 @@ class Buffer:
                        f"{base.nbytes} bytes")
     self.device, self.size, self.dtype, self.base, self.offset = device, size, dtype, base, offset
     self._raw: Any = None
+    self._address: int | None = None
     self._initial: np.ndarray | None = None
 
   @property
@@ -149,7 +150,9 @@ class Buffer:
 
   @property
   def address(self) -> int:
-    return self.allocator.address(self.raw)
+    # cached: asking numpy for an array's address costs microseconds, and every launch asks
+    if self._address is None: self._address = self.allocator.address(self.raw)
+    return self._address
 
   def copyin(self, data: memoryview) -> None:
     if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")

@@ -75,8 +75,10 @@ def _tensors_in(value: Any) -> list[Any]:
 
 
 def _buffer_of(tensor: Any) -> Buffer:
-  node = tensor.uop.src[0] if tensor.uop.op is Ops.RESHAPE else tensor.uop
-  return buffer_for(node)
+  from rawgrad.compiler.rangeify import buffer_base
+  base = buffer_base(tensor.uop)
+  if base is None: raise JitError(f"a jit input or output of shape {tensor.shape} is not a plain buffer after realize")
+  return buffer_for(base)
 
 
 class jit:

@@ -1,7 +1,6 @@
 """Run a schedule: lower each kernel to a compiled runner, execute it, count and report what it did."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +14,7 @@ from rawgrad.dtype import dtypes
 from rawgrad.helpers import DEBUG, PROFILE, SPEC, GlobalCounters
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
+from rawgrad.runtime.hcq import HWQueue, timestamp_slots
 from rawgrad.runtime.jit import CapturedKernel, capturing, refuse_host_read
 from rawgrad.runtime.memory import plan_arena
 from rawgrad.runtime.profile import KernelEvent, record_kernel
@@ -30,17 +30,21 @@ class CompiledRunner:
   runtime: object
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
+  cores: int = 1                  # slices of the parallel loop a launch runs on
 
   def kernargs(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> np.ndarray:
     """The argument block: one 8-byte slot per used buffer address, then per variable value."""
     slots = [buffers[i].address for i in self.buffer_slots] + [var_values[v] for v in self.variables]
     return np.array(slots, dtype=np.uint64) if slots else np.zeros(1, dtype=np.uint64)
 
-  def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> float:
-    kernargs = self.kernargs(buffers, var_values)
-    start = time.perf_counter()
-    self.runtime(kernargs.ctypes.data, 0, 1)
-    return time.perf_counter() - start
+  def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> tuple[int, int]:
+    """Launch on the device's queue and wait; returns the device's start and end timestamps (ns)."""
+    device = Device[self.device]
+    times, value = timestamp_slots(2), device.next_timeline_value()
+    queue = HWQueue().timestamp(times, 0).exec(self.runtime, self.kernargs(buffers, var_values), self.cores)
+    queue.timestamp(times, 1).signal(device.timeline_signal, value).submit(device)
+    device.timeline_signal.wait(value)
+    return int(times[0]), int(times[1])
 
 
 _runners: dict[tuple[str, UOp], CompiledRunner] = {}
@@ -74,12 +78,12 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     runner = get_runner(buffers[0].device, item.ast)
     var_values = dict(item.var_values)
     if (capture := capturing()) is not None: capture.kernels.append(CapturedKernel(runner, buffers, var_values))
-    start_ns = time.perf_counter_ns()
-    seconds = runner(buffers, var_values)
+    start_ns, end_ns = runner(buffers, var_values)
+    seconds = (end_ns - start_ns) / 1e9
     cost = estimate_cost(runner.program, var_values)
     if PROFILE:
-      record_kernel(KernelEvent(runner.name, runner.device, start_ns, start_ns + int(seconds * 1e9), item.dims,
-                                cost.flops, cost.bytes_moved, item.operations))
+      record_kernel(KernelEvent(runner.name, runner.device, start_ns, end_ns, item.dims, cost.flops,
+                                cost.bytes_moved, item.operations))
     GlobalCounters.kernel_count += 1
     GlobalCounters.global_ops += cost.flops
     GlobalCounters.global_mem += cost.bytes_moved
