@@ -24,6 +24,8 @@ class CapturedKernel:
   runner: Any                       # CompiledRunner
   buffers: list[Buffer]
   var_values: dict[UOp, int]
+  dims: tuple = ()
+  operations: tuple[str, ...] = ()
 
 
 @dataclass
@@ -93,6 +95,7 @@ class jit:
     self.non_tensor_arguments: list[tuple[str, Any]] = []
     self.input_slots: list[list[tuple[int, int]]] = []   # per input: (kernel, buffer position) that read it
     self.result: Any = None
+    self.graph: CommandGraph | None = None
     functools.update_wrapper(self, function)
 
   def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -152,14 +155,70 @@ class jit:
 
   def _replay(self, tensors: list[Any], others: list[tuple[str, Any]], bound: dict[str, int]) -> Any:
     self._check_inputs(tensors, others)
-    for kernel in self.kernels:
+    if self.graph is None: self.graph = CommandGraph(self.kernels)
+    for kernel_index, kernel in enumerate(self.kernels):
       for variable in kernel.var_values:
-        if variable.arg[0] in bound: kernel.var_values[variable] = bound[variable.arg[0]]
+        if variable.arg[0] in bound:
+          kernel.var_values[variable] = bound[variable.arg[0]]
+          self.graph.patch_variable(kernel_index, variable, bound[variable.arg[0]])
     for tensor, slots in zip(tensors, self.input_slots):
       buffer = _buffer_of(tensor).ensure_allocated()
-      for kernel, position in slots: self.kernels[kernel].buffers[position] = buffer
-    for kernel in self.kernels: kernel.runner(kernel.buffers, kernel.var_values)
+      for kernel_index, position in slots:
+        self.kernels[kernel_index].buffers[position] = buffer
+        self.graph.patch_buffer(kernel_index, position, buffer)
+    self.graph.run()
     return self.result
+
+
+class CommandGraph:
+  """A capture as one prebuilt command buffer: every kernel's EXEC over its own argument block, submitted at once.
+  Replays patch the argument blocks in place (new input addresses, new variable values) and submit again."""
+
+  def __init__(self, kernels: list[CapturedKernel]):
+    from rawgrad.helpers import PROFILE
+    from rawgrad.runtime.device import Device
+    from rawgrad.runtime.hcq import HWQueue, timestamp_slots
+    self.kernels = kernels
+    self.device = Device[kernels[0].runner.device]
+    self.kernargs = [k.runner.kernargs(k.buffers, k.var_values) for k in kernels]
+    self.times = timestamp_slots(2 * len(kernels)) if PROFILE else None
+    queue = HWQueue()
+    for index, (kernel, kernargs) in enumerate(zip(kernels, self.kernargs)):
+      if self.times is not None: queue.timestamp(self.times, 2 * index)
+      queue.exec(kernel.runner.runtime, kernargs, kernel.runner.cores)
+      if self.times is not None: queue.timestamp(self.times, 2 * index + 1)
+    self.encoded = self.device.encode(queue)
+    self.costs = [kernel.runner.cost(kernel.var_values) for kernel in kernels]
+
+  def patch_buffer(self, kernel_index: int, position: int, buffer: Buffer) -> None:
+    runner = self.kernels[kernel_index].runner
+    if position in runner.buffer_slots:
+      self.kernargs[kernel_index][runner.buffer_slots.index(position)] = buffer.address
+
+  def patch_variable(self, kernel_index: int, variable: UOp, value: int) -> None:
+    runner = self.kernels[kernel_index].runner
+    if variable in runner.variables:
+      self.kernargs[kernel_index][len(runner.buffer_slots) + runner.variables.index(variable)] = value
+    self.costs[kernel_index] = runner.cost(self.kernels[kernel_index].var_values)
+
+  def run(self) -> None:
+    from rawgrad.helpers import GlobalCounters
+    from rawgrad.runtime.hcq import HWQueue
+    value = self.device.next_timeline_value()
+    self.device.submit(self.encoded)
+    HWQueue().signal(self.device.timeline_signal, value).submit(self.device)
+    self.device.timeline_signal.wait(value)
+    GlobalCounters.kernel_count += len(self.kernels)
+    GlobalCounters.global_ops += sum(cost.flops for cost in self.costs)
+    GlobalCounters.global_mem += sum(cost.bytes_moved for cost in self.costs)
+    if self.times is not None: self._record_profile()
+
+  def _record_profile(self) -> None:
+    from rawgrad.runtime.profile import KernelEvent, record_kernel
+    for index, (kernel, cost) in enumerate(zip(self.kernels, self.costs)):
+      start, end = int(self.times[2 * index]), int(self.times[2 * index + 1])
+      record_kernel(KernelEvent(kernel.runner.name, kernel.runner.device, start, end, kernel.dims, cost.flops,
+                                cost.bytes_moved, kernel.operations))
 
 
 def _same_value(a: Any, b: Any) -> bool:

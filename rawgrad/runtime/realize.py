@@ -32,6 +32,9 @@ class CompiledRunner:
   variables: tuple[UOp, ...]
   cores: int = 1                  # slices of the parallel loop a launch runs on
 
+  def cost(self, var_values: dict[UOp, int]) -> KernelCost:
+    return estimate_cost(self.program, var_values)
+
   def kernargs(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> np.ndarray:
     """The argument block: one 8-byte slot per used buffer address, then per variable value."""
     slots = [buffers[i].address for i in self.buffer_slots] + [var_values[v] for v in self.variables]
@@ -77,10 +80,11 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
     runner = get_runner(buffers[0].device, item.ast)
     var_values = dict(item.var_values)
-    if (capture := capturing()) is not None: capture.kernels.append(CapturedKernel(runner, buffers, var_values))
+    if (capture := capturing()) is not None:
+      capture.kernels.append(CapturedKernel(runner, buffers, var_values, item.dims, item.operations))
     start_ns, end_ns = runner(buffers, var_values)
     seconds = (end_ns - start_ns) / 1e9
-    cost = estimate_cost(runner.program, var_values)
+    cost = runner.cost(var_values)
     if PROFILE:
       record_kernel(KernelEvent(runner.name, runner.device, start_ns, end_ns, item.dims, cost.flops,
                                 cost.bytes_moved, item.operations))

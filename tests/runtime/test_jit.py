@@ -25,17 +25,24 @@ def test_replay_is_bit_identical_to_eager() -> None:
     np.testing.assert_allclose(eager, np.maximum(x @ weight.numpy(), 0).sum(1), rtol=1e-5)
 
 
-def test_replay_launches_the_captured_kernels_without_scheduling() -> None:
+def test_replay_launches_the_captured_kernels_without_scheduling(monkeypatch: pytest.MonkeyPatch) -> None:
   @jit
   def double_then_sum(x: Tensor, y: Tensor) -> Tensor:
-    return (x * 2 + y).sum(0)
+    return (x * 2 + y).sum(0) + x.max()
 
   xs, ys = _inputs(4), _inputs(4)
   for x, y in zip(xs[:2], ys[:2]): double_then_sum(Tensor(x), Tensor(y))
+  inputs = Tensor(xs[2]), Tensor(ys[2])
+  Tensor.realize(*inputs)
+
+  def refuse(*_: object) -> None:
+    raise AssertionError("replay must not schedule")
+
+  monkeypatch.setattr("rawgrad.runtime.realize.create_schedule", refuse)
   GlobalCounters.reset()
-  out = double_then_sum(Tensor(xs[2]), Tensor(ys[2]))
-  assert GlobalCounters.kernel_count == 0  # replay bypasses the scheduler and its counters
-  np.testing.assert_allclose(out.numpy(), (xs[2] * 2 + ys[2]).sum(0), rtol=1e-6)
+  out = double_then_sum(*inputs)
+  assert GlobalCounters.kernel_count == len(double_then_sum.kernels) == 2
+  np.testing.assert_allclose(out.numpy(), (xs[2] * 2 + ys[2]).sum(0) + xs[2].max(), rtol=1e-6)
 
 
 def test_inputs_are_swapped_by_position() -> None:

@@ -1,0 +1,54 @@
+"""jit replay and eager launch overhead on the CPU, against the targets in BENCHMARKS.md (these are counts of time
+per kernel, with no reference library to compare: the targets are <= 1 us per replayed kernel and <= 50 us per
+eager launch of an already compiled kernel)."""
+import time
+
+import numpy as np
+
+from rawgrad import Tensor, jit
+from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.runtime.device import buffer_for
+from rawgrad.runtime.realize import get_runner
+
+KERNELS = 64
+
+
+def chain(x: Tensor) -> Tensor:
+  for _ in range(KERNELS):
+    x = (x + 1).contiguous()
+  return x
+
+
+def best_of(function, repeats: int = 20) -> float:
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    function()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def main() -> None:
+  x = Tensor(np.zeros(16, np.float32)).realize()
+  replayed = jit(chain)
+  for _ in range(3): replayed(x)
+  assert len(replayed.kernels) == KERNELS, len(replayed.kernels)
+  replay = best_of(lambda: replayed(x))
+  print(f"jit replay of {KERNELS} tiny kernels: {replay / KERNELS * 1e6:.2f} us per kernel "
+        f"({replay * 1e6:.1f} us per call; target <= 1 us per kernel)")
+
+  y = x + 1
+  item = create_schedule([y.uop]).items[0]
+  buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
+  runner = get_runner("CPU", item.ast)
+  launch = best_of(lambda: runner(buffers, {}), repeats=200)
+  print(f"eager launch of a compiled kernel: {launch * 1e6:.1f} us (target <= 50 us)")
+
+  a, b = Tensor(np.ones(16, np.float32)).realize(), Tensor(np.ones(16, np.float32)).realize()
+  (a + b).realize()
+  end_to_end = best_of(lambda: (a + b).realize(), repeats=200)
+  print(f"16-element add, end to end (schedule + launch): {end_to_end * 1e6:.1f} us")
+
+
+if __name__ == "__main__":
+  main()
