@@ -559,3 +559,15 @@ def test_forked_child_cannot_submit(runtime: NativeRuntime) -> None:
   _, status = os.waitpid(pid, 0)
   assert os.waitstatus_to_exitcode(status) == 0
   runtime.synchronize(TIMEOUT)
+
+
+def test_hcq_signal_wait_times_out_instead_of_hanging() -> None:
+  """Through the device-neutral HCQ interface: waiting for a value nobody signals raises, naming both values."""
+  import time as _time
+
+  from rawgrad.runtime.device import Device
+  device = Device["CPU"]
+  start = _time.monotonic()
+  with pytest.raises(TimeoutError, match="waited for"):
+    device.timeline_signal.wait(device.timeline_value + 1000, timeout_s=0.2)
+  assert _time.monotonic() - start < 5
