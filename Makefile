@@ -14,5 +14,6 @@ lint: install
 bench: install
 	@for f in tools/bench/*.py; do echo "== $$f"; $(PYTHON) $$f || true; done
 
-demo: install
+demo:
+	$(PYTHON) -m pip install -q -e '.[demo]'
 	$(PYTHON) tools/demo.py

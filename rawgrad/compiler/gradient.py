@@ -112,6 +112,9 @@ pm_gradient = PatternMatcher([
 ])
 """After pm_gradient: a rule gives one gradient (or None) per source of the node it matched."""
 
+# ops that start a graph: gradients stop at them
+LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.UNIQUE, Ops.DEFINE_VAR, Ops.BIND})
+
 # ops through which no gradient flows
 NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
                                            Ops.DETACH, Ops.BITCAST, Ops.IOTA}
@@ -130,7 +133,7 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
   needed = _on_path_to(root, targets)
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(list(root.toposort)):
-    if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or not node.src: continue
+    if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or node.op in LEAVES: continue
     source_grads = pm_gradient.rewrite(node, ctx=grads[node])
     if source_grads is None: raise NotImplementedError(f"no gradient rule for {node.op}")
     for source, grad in zip(node.src, source_grads):

@@ -23,8 +23,9 @@ def record_origin(node: UOp) -> None:
   if node in origins: return
   frame, operation = sys._getframe(1), None
   while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-    if frame.f_code.co_name not in ("__init__", "_binary", "_broadcasted", "_to_tensor_like", "_reduce"):
-      operation = frame.f_code.co_name
+    # the outermost public operation names it best: conv2d rather than the mul inside it or the module around it
+    name = frame.f_code.co_name
+    if not name.startswith("_") and name not in ("forward", "train", "eval", "<lambda>"): operation = name
     frame = frame.f_back
   if frame is None: return
   origins[node] = f"{operation or node.op.name.lower()} at {os.path.basename(frame.f_code.co_filename)}:" \
@@ -46,9 +47,16 @@ class KernelEvent:
 events: list[KernelEvent] = []
 
 
+_written = [0]  # how many events the last write_trace saw
+
+
 def record_kernel(event: KernelEvent) -> None:
-  if not events: atexit.register(write_trace)
+  if not events: atexit.register(_write_at_exit)
   events.append(event)
+
+
+def _write_at_exit() -> None:
+  if len(events) > _written[0]: write_trace()
 
 
 def trace_json(kernel_events: list[KernelEvent]) -> dict:
@@ -75,6 +83,7 @@ def write_trace(path: str | None = None) -> str:
   with open(temporary, "w") as file:
     json.dump(trace_json(events), file)
   os.replace(temporary, path)
+  _written[0] = len(events)
   print(f"rawgrad profile: {len(events)} kernel events written to {path}", file=sys.stderr)
   return path
 
