@@ -88,6 +88,9 @@ class Ops(Enum):
   def __repr__(self) -> str:
     return f"Ops.{self.name}"
 
+  # members are singletons: identity hashing is correct, and being C code it keeps dispatch cheap
+  __hash__ = object.__hash__
+
 
 class GroupOp:
   Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC})
@@ -119,7 +122,9 @@ def _arg_key(arg: Any) -> Any:
 class UOpMetaClass(type):
   """Hash-consing: constructing a node equal to a live one returns the live one. The cache holds nodes weakly,
   so a node nobody references is freed."""
-  cache: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+  # key -> weak reference to the live node; an entry removes itself when its node dies (a plain dict of weak
+  # references: every node construction looks here, and WeakValueDictionary's Python-level get is slow)
+  cache: dict[tuple, weakref.ref] = {}
 
   def __call__(cls, op: Ops, dtype: AnyDType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                tag: Any = None) -> UOp:
@@ -128,12 +133,19 @@ class UOpMetaClass(type):
     # toposorts (cycles) would be freed one layer per gc pass. The ids stay unique while the cached user lives.
     key = (op, dtype, tuple(map(id, src)), _arg_key(arg), tag)
     try:
-      if (hit := UOpMetaClass.cache.get(key)) is not None: return hit
+      found = UOpMetaClass.cache.get(key)
     except TypeError as error:
       raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} {arg!r} for {op}") from error
+    if found is not None and (hit := found()) is not None: return hit
     node = super().__call__(op, dtype, src, arg, tag)
-    UOpMetaClass.cache[key] = node
+    UOpMetaClass.cache[key] = weakref.ref(node, _forget(key))
     return node
+
+
+def _forget(key: tuple) -> Callable[[weakref.ref], None]:
+  def remove(reference: weakref.ref) -> None:
+    if UOpMetaClass.cache.get(key) is reference: del UOpMetaClass.cache[key]
+  return remove
 
 
 class MathMixin:

@@ -135,9 +135,10 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
     flat = linear_index(idx, node.shape)
     new = tuple((flat // stride) % size for stride, size in zip(_strides(source_shape), source_shape))
   elif op is Ops.EXPAND:
-    new = tuple(as_index(0) if _is_one(old) else i for i, old in zip(idx, source_shape))
+    # expand and permute only rearrange simplified expressions: nothing to simplify
+    return tuple(as_index(0) if _is_one(old) else i for i, old in zip(idx, source_shape)), valid, None
   elif op is Ops.PERMUTE:
-    new = tuple(idx[node.arg.index(axis)] for axis in range(len(idx)))
+    return tuple(idx[node.arg.index(axis)] for axis in range(len(idx))), valid, None
   elif op is Ops.SHRINK:
     begins = node.src[1:1 + len(idx)]
     new = tuple(i + begin for i, begin in zip(idx, begins))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
@@ -211,8 +212,9 @@ class _Rewriter:
   stage 0 visits a node, 1 continues once the sources of `current` are done, 2 finishes a node whose rules turned it
   into `current`, 3 retries a node whose rule asked to be revisited."""
 
-  def __init__(self, matcher: PatternMatcher, ctx: Any, bottom_up: bool, name: str):
+  def __init__(self, matcher: PatternMatcher, ctx: Any, bottom_up: bool, name: str, cache: RewriteCache | None):
     self.matcher, self.ctx, self.bottom_up, self.name = matcher, ctx, bottom_up, name
+    self.memo = cache.results if cache is not None else None
     self.replaced: dict[UOp, UOp] = {}
     self.in_progress: set[UOp] = set()
     self.deferred: set[UOp] = set()        # nodes with a work item waiting for a later round
@@ -313,18 +315,33 @@ class _Rewriter:
   def finish(self, node: UOp, result: UOp) -> None:
     self.replaced[node] = result
     self.in_progress.discard(node)
+    # the memo holds values strongly: a node's own entry must not keep the node alive
+    if self.memo is not None: self.memo[node] = _SAME if result is node else result
+
+
+class RewriteCache:
+  """Results of a matcher whose rules need no context, kept across graph_rewrite calls: a node rewritten once is
+  looked up afterwards. Entries are weak: they go when their node does."""
+
+  def __init__(self) -> None:
+    self.results: weakref.WeakKeyDictionary[UOp, Any] = weakref.WeakKeyDictionary()
+
+
+_SAME = object()  # memo value for "this node is already at its fixed point"
 
 
 def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, bottom_up: bool = False,
-                  name: str | None = None) -> UOp:
+                  name: str | None = None, cache: RewriteCache | None = None) -> UOp:
   """Rewrite the graph under `root` until no rule matches anywhere.
 
   Default order: a node's sources are rewritten first, then the node (rebuilt on the new sources) is rewritten
   until no rule matches; a rule's result is itself rewritten the same way. With bottom_up=True a node's rules run
   before its sources are visited (they see the original sources), then its result's sources are rewritten.
   A rule may return REVISIT to be asked again after the rest of the graph; if a whole round makes no progress,
-  RewriteStuck names the waiting nodes. Shared subgraphs are rewritten once."""
-  return _Rewriter(matcher, ctx, bottom_up, name or "graph_rewrite").run(root)
+  RewriteStuck names the waiting nodes. Shared subgraphs are rewritten once; with a `cache`, across calls too (only
+  for matchers whose rules use no ctx)."""
+  if cache is not None and ctx is not None: raise ValueError("a rewrite cache is only valid without a context")
+  return _Rewriter(matcher, ctx, bottom_up, name or "graph_rewrite", cache).run(root)
 
 
 def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
@@ -346,5 +363,5 @@ def iter_matches(pattern: UPat, root: UOp) -> Iterator[tuple[UOp, dict[str, UOp]
     if found := pattern.match(node, {}): yield node, found[0]
 
 
-__all__ = ["UPat", "PatternMatcher", "graph_rewrite", "substitute", "REVISIT", "RewriteError", "RewriteStuck",
-           "REWRITE_TRACE", "RewriteStep", "iter_matches", "dtypes"]
+__all__ = ["UPat", "PatternMatcher", "RewriteCache", "graph_rewrite", "substitute", "REVISIT", "RewriteError",
+           "RewriteStuck", "REWRITE_TRACE", "RewriteStep", "iter_matches", "dtypes"]

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, exec_alu
-from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
+from rawgrad.compiler.rewrite import PatternMatcher, RewriteCache, UPat, graph_rewrite
 from rawgrad.dtype import DType, dtypes
 
 
@@ -252,9 +252,13 @@ pm_symbolic = PatternMatcher([
 ])
 
 
+_simplified = RewriteCache()
+
+
 def simplify(node: UOp) -> UOp:
-  """The canonical, simplified form of an expression (to a fixed point of pm_symbolic)."""
-  return graph_rewrite(node, pm_symbolic, name="pm_symbolic")
+  """The canonical, simplified form of an expression (to a fixed point of pm_symbolic). Results are remembered:
+  the scheduler simplifies the same index expressions many times."""
+  return graph_rewrite(node, pm_symbolic, name="pm_symbolic", cache=_simplified)
 
 
 def evaluate(node: UOp, assignment: dict[UOp, Any]) -> Any:
