@@ -259,23 +259,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     x, y = self._broadcasted(other, reverse)
     return Tensor(x.uop.alu(op, y.uop))
 
-  def add(self, other: Any, reverse: bool = False) -> Tensor:
-    x, y = self._broadcasted(other, reverse)
-    # True + True is True in PyTorch: addition of booleans is a logical or
-    return Tensor(x.uop.alu(Ops.OR if x.dtype == dtypes.bool else Ops.ADD, y.uop))
-
-  def mul(self, other: Any, reverse: bool = False) -> Tensor:
-    return self._binary(Ops.MUL, other, reverse)
-
-  def sub(self, other: Any, reverse: bool = False) -> Tensor:
-    x, y = self._broadcasted(other, reverse)
-    return x + (-y)
-
-  def div(self, other: Any, reverse: bool = False) -> Tensor:
-    x, y = self._broadcasted(other, reverse)
-    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.default_float), y.cast(dtypes.default_float)
-    return Tensor(x.uop.alu(Ops.FDIV, y.uop))
-
   def neg(self) -> Tensor:
     if self.dtype == dtypes.bool: raise TypeError("negation of a bool tensor is not supported; use logical_not()")
     return Tensor(self.uop.alu(Ops.MUL, self._scalar(-1).uop))
@@ -307,10 +290,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def log2(self) -> Tensor:
     return self._float_unary(Ops.LOG2)
 
-  def exp(self) -> Tensor:
-    x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
-    return (x * (1 / math.log(2))).exp2()
-
   def log(self) -> Tensor:
     return self.log2() * math.log(2)
 
@@ -324,7 +303,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self._float_unary(Ops.RECIPROCAL)
 
   def relu(self) -> Tensor:
-    return self.maximum(0)
+    # a select, not maximum(x, 0): PyTorch's gradient at 0 is 0 (maximum would split it), and nan stays nan
+    return (self <= 0).where(0, self)
 
   def maximum(self, other: Any) -> Tensor:
     return self._binary(Ops.MAX, other)
@@ -361,9 +341,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def __ge__(self, other: Any) -> Tensor: return (self > other) | (self == other)
   __hash__ = object.__hash__
 
-  def __or__(self, other: Any) -> Tensor: return self._binary(Ops.OR, other)
-  def __and__(self, other: Any) -> Tensor: return self._binary(Ops.AND, other)
-  def __xor__(self, other: Any) -> Tensor: return self._binary(Ops.XOR, other)
 
   def __add__(self, other: Any) -> Tensor: return self.add(other)
   def __radd__(self, other: Any) -> Tensor: return self.add(other, True)

@@ -99,7 +99,9 @@ pm_gradient = PatternMatcher([
                                                   ret.src[0].where(_like(ctx, 0.0), ctx))),
   (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (UOp(Ops.CAST, ret.src[0].dtype, (ctx,))
                                                  if dtypes.is_float(ret.src[0].dtype) else None,)),
-  (UPat((Ops.CONTIGUOUS, Ops.CONTIGUOUS_BACKWARD, Ops.REALIZE)), lambda ctx: (ctx,)),
+  (UPat((Ops.CONTIGUOUS, Ops.REALIZE)), lambda ctx: (ctx,)),
+  # the user asked for the gradient flowing back here to be a buffer: it is read many times by what comes next
+  (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   # reductions
   (UPat(Ops.REDUCE_AXIS, name="ret"), _reduce_axis_grad),
   # movement: the gradient takes the inverse movement

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import weakref
 from enum import Enum, auto
@@ -294,8 +295,20 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   @functools.cached_property
   def order_key(self) -> tuple:
-    """A total order on nodes that is stable across runs: canonical operand order sorts by it."""
-    return (self.op.value, repr(self.dtype), repr(self.arg), tuple(source.order_key for source in self.src))
+    """An order on nodes that is stable across runs: canonical operand order sorts by it. Op and arg first, so
+    ranges sort by axis and variables by name; then a digest of the whole subgraph, so the key has a fixed size
+    however deep (or however shared) the graph is."""
+    return (self.op.value, repr(self.arg), self.digest)
+
+  @functools.cached_property
+  def digest(self) -> bytes:
+    """A stable fingerprint of the subgraph: op, dtype, arg, tag and the sources' digests."""
+    for node in self.toposort:  # sources first, iteratively: deep graphs would overflow a recursive definition
+      if "digest" not in node.__dict__:
+        fingerprint = hashlib.blake2b(repr((node.op.value, node.dtype, node.arg, node.tag)).encode(), digest_size=12)
+        for source in node.src: fingerprint.update(source.__dict__["digest"])
+        node.__dict__["digest"] = fingerprint.digest()
+    return self.__dict__["digest"]
 
   @functools.cached_property
   def device(self) -> str:

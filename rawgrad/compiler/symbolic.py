@@ -48,12 +48,20 @@ def fold_by_bounds(node: UOp) -> UOp | None:
 
 # *** sums and products of integers: flatten, combine like terms, sort ***
 
+MAX_FLAT_TERMS = 64  # a sum or product shared in itself (x = x + x, repeated) would flatten to 2**depth terms
+
+
 def _sum_terms(node: UOp) -> list[tuple[int, UOp | None]]:
-  """A sum as (coefficient, term) pairs; the constant part has term None."""
-  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
-  if node.op is Ops.CONST: return [(node.arg, None)]
-  if node.op is Ops.MUL and node.src[1].op is Ops.CONST: return [(node.src[1].arg, node.src[0])]
-  return [(1, node)]
+  """A sum as (coefficient, term) pairs; the constant part has term None. Flattening stops at MAX_FLAT_TERMS."""
+  terms: list[tuple[int, UOp | None]] = []
+  pending = [node]
+  while pending:
+    current = pending.pop()
+    if current.op is Ops.ADD and len(terms) + len(pending) < MAX_FLAT_TERMS: pending.extend(reversed(current.src))
+    elif current.op is Ops.CONST: terms.append((current.arg, None))
+    elif current.op is Ops.MUL and current.src[1].op is Ops.CONST: terms.append((current.src[1].arg, current.src[0]))
+    else: terms.append((1, current))
+  return terms
 
 
 def _recombine_divmod(coefficients: dict[UOp, int]) -> None:
@@ -99,8 +107,13 @@ def normalize_sum(node: UOp) -> UOp | None:
 
 
 def _product_factors(node: UOp) -> list[UOp]:
-  if node.op is Ops.MUL: return _product_factors(node.src[0]) + _product_factors(node.src[1])
-  return [node]
+  factors: list[UOp] = []
+  pending = [node]
+  while pending:
+    current = pending.pop()
+    if current.op is Ops.MUL and len(factors) + len(pending) < MAX_FLAT_TERMS: pending.extend(reversed(current.src))
+    else: factors.append(current)
+  return factors
 
 
 def normalize_product(node: UOp) -> UOp | None:

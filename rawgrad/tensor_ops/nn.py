@@ -1,7 +1,682 @@
-"""Tensor operations: nn."""
+"""Tensor operations: neural-network functions with torch.nn.functional's names, argument order and semantics.
+
+Everything here is built from the core operations of tensor.py, so it is lazy, fuses, and is differentiable.
+Convolution and pooling read the input through a *windows view* made of movement ops only (pad, reshape, expand,
+shrink, permute): the scheduler turns it into the index `x[oy*stride + ky*dilation]`, and a convolution becomes one
+multiply-and-sum kernel with no im2col buffer. Its gradients are one kernel each as well: for the weight a sum over
+(batch, out) positions, for the input a sum over (out_channels, kernel) positions.
+
+Running statistics are not this module's business: batch_norm normalizes with the batch's or the given statistics,
+and nn.BatchNorm computes the batch statistics itself (to update its running ones) and calls `batchnorm`.
+"""
 from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Sequence
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.dtype import dtypes
+from rawgrad.helpers import prod
+
+if TYPE_CHECKING:
+  from rawgrad.tensor import Tensor
+
+Size = int | Sequence[int]
+REDUCTIONS = ("none", "mean", "sum")
+
+
+# *** argument handling ***
+
+def _tuple(value: Size, count: int, name: str) -> tuple[int, ...]:
+  """An int or a sequence of `count` ints as a tuple of `count` ints."""
+  values = (value,) * count if isinstance(value, int) else tuple(value)
+  if len(values) != count or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+    raise ValueError(f"{name} must be an int or {count} ints, got {value!r}")
+  return values
+
+
+def _positive(values: tuple[int, ...], name: str) -> tuple[int, ...]:
+  if any(v < 1 for v in values): raise ValueError(f"{name} must be positive, got {values}")
+  return values
+
+
+def _reduce_loss(loss: Tensor, reduction: str) -> Tensor:
+  if reduction == "none": return loss
+  if reduction == "sum": return loss.sum()
+  if reduction == "mean": return loss.mean()
+  raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+def _check_reduction(reduction: str) -> None:
+  if reduction not in REDUCTIONS: raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
+
+
+# *** windows: the view convolution and pooling read ***
+
+def _output_size(size: int, kernel: int, stride: int, dilation: int, ceil_mode: bool = False) -> int:
+  span = dilation * (kernel - 1) + 1
+  return (size - span + (stride - 1 if ceil_mode else 0)) // stride + 1
+
+
+def _windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...], dilation: tuple[int, ...],
+             batch: tuple[int, ...] | None = None) -> Tensor:
+  """The sliding windows of the last len(kernel) axes: (*leading, *spatial) -> (*batch, *out, *kernel) where
+  out[o][k] = x[o*stride + k*dilation], the leading axes broadcast to `batch`. Built from movement ops only, so it
+  costs no memory and no kernel of its own."""
+  leading, spatial = x.shape[:-len(kernel)], x.shape[-len(kernel):]
+  batch = tuple(leading) if batch is None else batch
+  if all(k <= s for k, s in zip(kernel, stride)) and all(d == 1 for d in dilation):
+    windows = _disjoint_windows(x, kernel, stride)
+    return windows.expand(*batch, *windows.shape[len(leading):])
+  out = tuple(_output_size(i, k, s, d) for i, k, s, d in zip(spatial, kernel, stride, dilation))
+  keep = [None] * len(batch)
+  # Repeat each axis k times (in the same expand that broadcasts the leading axes, so the gradient is one sum) and
+  # read it flat in rows of i + dilation: row k then starts at x[k*dilation]. Every reshape lines up with the index
+  # bounds, so the scheduler's symbolic rules fold the // and % away and the windows' index stays linear:
+  # (k*(i + d) + o*s) % i == k*d + o*s.
+  x = x.reshape(*leading, *_interleave((1,) * len(spatial), spatial)).expand(*batch, *_interleave(kernel, spatial))
+  x = x.reshape(*batch, *(k * i for k, i in zip(kernel, spatial)))
+  x = x.pad([(0, 0)] * len(batch) + [(0, k * d) for k, d in zip(kernel, dilation)])
+  x = x.reshape(*batch, *_interleave(kernel, tuple(i + d for i, d in zip(spatial, dilation))))
+  if any(s != 1 for s in stride):
+    # split each row into (out, stride) blocks, long enough for all of them, and keep the first column
+    rows = tuple(max(i + d, o * s) for i, d, o, s in zip(spatial, dilation, out, stride))
+    x = x.pad([(0, 0)] * len(batch) + [p for i, d, r in zip(spatial, dilation, rows) for p in ((0, 0), (0, r - i - d))])
+    x = x.shrink(keep + [b for k, o, s in zip(kernel, out, stride) for b in ((0, k), (0, o * s))])
+    x = x.reshape(*batch, *(v for k, o, s in zip(kernel, out, stride) for v in (k, o, s)))
+    x = x.shrink(keep + [b for k, o in zip(kernel, out) for b in ((0, k), (0, o), (0, 1))])
+    x = x.reshape(*batch, *_interleave(kernel, out))
+  else:
+    x = x.shrink(keep + [b for k, o in zip(kernel, out) for b in ((0, k), (0, o))])
+  dims, first = len(kernel), len(batch)
+  return x.permute(*range(first), *(first + 2 * j + 1 for j in range(dims)), *(first + 2 * j for j in range(dims)))
+
+
+def _disjoint_windows(x: Tensor, kernel: tuple[int, ...], stride: tuple[int, ...]) -> Tensor:
+  """Windows that do not overlap (kernel <= stride, no dilation): cut the axes into blocks of `stride` and keep the
+  first `kernel` of each block. Its gradient is elementwise, not a sum over repeats."""
+  batch, spatial = x.shape[:-len(kernel)], x.shape[-len(kernel):]
+  out = tuple(_output_size(i, k, s, 1) for i, k, s in zip(spatial, kernel, stride))
+  x = _pad_spatial(x, [(0, o * s - i) for i, o, s in zip(spatial, out, stride)])
+  x = x.reshape(*batch, *_interleave(out, stride))
+  if any(k != s for k, s in zip(kernel, stride)):
+    x = x.shrink([None] * len(batch) + [b for o, k in zip(out, kernel) for b in ((0, o), (0, k))])
+  dims, first = len(kernel), len(batch)
+  return x.permute(*range(first), *(first + 2 * j for j in range(dims)), *(first + 2 * j + 1 for j in range(dims)))
+
+
+def _interleave(a: Sequence[int], b: Sequence[int]) -> tuple[int, ...]:
+  return tuple(v for pair in zip(a, b) for v in pair)
+
+
+def _pad_spatial(x: Tensor, padding: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
+  """Pad (or, for negative amounts, crop) the last len(padding) axes."""
+  keep = [(0, 0)] * (x.ndim - len(padding))
+  grow = [(max(before, 0), max(after, 0)) for before, after in padding]
+  if any(before or after for before, after in grow): x = x.pad(keep + grow, value)
+  if all(before >= 0 and after >= 0 for before, after in padding): return x
+  crop = [(-min(before, 0), size + min(after, 0)) for (before, after), size in zip(padding, x.shape[-len(padding):])]
+  return x.shrink([None] * len(keep) + crop)
+
+
+# *** convolution ***
+
+def _conv_padding(padding: Size | str, kernel: tuple[int, ...], stride: tuple[int, ...],
+                  dilation: tuple[int, ...]) -> list[tuple[int, int]]:
+  if padding == "valid": return [(0, 0)] * len(kernel)
+  if padding == "same":
+    if any(s != 1 for s in stride): raise ValueError(f"padding='same' is not supported for strides {stride}")
+    # an even window pads one more at the end, as PyTorch does
+    totals = [d * (k - 1) for k, d in zip(kernel, dilation)]
+    return [(total // 2, total - total // 2) for total in totals]
+  if isinstance(padding, str): raise ValueError(f"padding must be 'same', 'valid', an int or ints, got {padding!r}")
+  amounts = _tuple(padding, len(kernel), "padding")
+  if any(p < 0 for p in amounts): raise ValueError(f"padding must not be negative, got {amounts}")
+  return [(p, p) for p in amounts]
+
+
+def _check_conv_shapes(name: str, x: Tensor, weight: Tensor, groups: int, dims: int, transposed: bool) -> None:
+  if groups < 1: raise ValueError(f"{name}: groups must be positive, got {groups}")
+  if weight.ndim != dims + 2:
+    raise ValueError(f"{name}: weight must have {dims + 2} dimensions, got shape {weight.shape}")
+  if x.ndim != dims + 2:
+    raise ValueError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
+  in_channels = weight.shape[0] if transposed else weight.shape[1] * groups
+  if x.shape[1] != in_channels:
+    layout = "(in, out/groups, ...)" if transposed else "(out, in/groups, ...)"
+    raise ValueError(f"{name}: input of shape {x.shape} has {x.shape[1]} channels, but weight of shape {weight.shape} "
+                     f"{layout} with groups={groups} expects {in_channels}")
+  if weight.shape[0] % groups:
+    raise ValueError(f"{name}: weight of shape {weight.shape} has {weight.shape[0]} {'in' if transposed else 'out'} "
+                     f"channels, not divisible by groups={groups}")
+
+
+def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int, ...], padding: list[tuple[int, int]],
+              dilation: tuple[int, ...], groups: int, name: str) -> Tensor:
+  """The convolution of a batched, channels-first input with weight (out, in/groups, *kernel)."""
+  dims = weight.ndim - 2
+  kernel = tuple(weight.shape[2:])
+  x = _buffered(_pad_spatial(x, padding))
+  spatial = x.shape[2:]
+  out = tuple(_output_size(i, k, s, d) for i, k, s, d in zip(spatial, kernel, stride, dilation))
+  if any(o < 1 for o in out):
+    raise ValueError(f"{name}: kernel {kernel} with dilation {dilation} is larger than the padded input {spatial}")
+  batch, out_channels = x.shape[0], weight.shape[0]
+  group_in, group_out = weight.shape[1], out_channels // groups
+  # (batch, groups, group_out, group_in, *out, *kernel): one expand broadcasts the input over the output channels
+  # and repeats it for the windows, so its gradient is one sum
+  grouped = x.reshape(batch, groups, 1, group_in, *spatial)
+  windows = _windows(grouped, kernel, stride, dilation, (batch, groups, group_out, group_in))
+  weight = weight.reshape(1, groups, group_out, group_in, *(1,) * dims, *kernel)
+  summed_axes = (3, *range(4 + dims, 4 + 2 * dims))
+  result = _contiguous_backward((windows * weight).sum(summed_axes).reshape(batch, out_channels, *out))
+  if bias is None: return result
+  if bias.shape != (out_channels,):
+    raise ValueError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
+  return result + bias.reshape(1, out_channels, *(1,) * dims)
+
+
+def _contiguous_backward(x: Tensor) -> Tensor:
+  """x unchanged; the gradient flowing back through it becomes a buffer."""
+  return type(x)(UOp(Ops.CONTIGUOUS_BACKWARD, x.dtype, (x.uop,)))
+
+
+def _buffered(x: Tensor) -> Tensor:
+  """x and its gradient as buffers. A convolution reads each (padded) input value out_channels * prod(kernel) times
+  and each output gradient in_channels * prod(kernel) times: computed in place instead, a ReLU, a normalization, a
+  pooling gradient or the bounds check of the padding would repeat in the innermost loop."""
+  return _contiguous_backward(x.contiguous())
+
+
+def _unbatched(x: Tensor, dims: int) -> bool:
+  return x.ndim == dims + 1
+
+
+def _conv(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Size, padding: Size | str, dilation: Size,
+          groups: int, dims: int, name: str) -> Tensor:
+  unbatched = _unbatched(x, dims)
+  if unbatched: x = x.unsqueeze(0)
+  _check_conv_shapes(name, x, weight, groups, dims, transposed=False)
+  kernel = tuple(weight.shape[2:])
+  _positive(kernel, f"{name} kernel size")
+  strides = _positive(_tuple(stride, dims, "stride"), "stride")
+  dilations = _positive(_tuple(dilation, dims, "dilation"), "dilation")
+  edges = _conv_padding(padding, kernel, strides, dilations)
+  result = _convolve(x, weight, bias, strides, edges, dilations, groups, name)
+  return result.squeeze(0) if unbatched else result
+
+
+def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Size, padding: Size, output_padding: Size,
+                    groups: int, dilation: Size, dims: int, name: str) -> Tensor:
+  """The gradient of a convolution with respect to its input, as a convolution: spread the input `stride` apart,
+  pad it by dilation*(kernel-1) - padding, and convolve with the flipped kernel whose in/out channels swap."""
+  unbatched = _unbatched(x, dims)
+  if unbatched: x = x.unsqueeze(0)
+  _check_conv_shapes(name, x, weight, groups, dims, transposed=True)
+  kernel = _positive(tuple(weight.shape[2:]), f"{name} kernel size")
+  strides = _positive(_tuple(stride, dims, "stride"), "stride")
+  dilations = _positive(_tuple(dilation, dims, "dilation"), "dilation")
+  paddings = _tuple(padding, dims, "padding")
+  extra = _tuple(output_padding, dims, "output_padding")
+  if any(p < 0 for p in paddings): raise ValueError(f"{name}: padding must not be negative, got {paddings}")
+  if any(not 0 <= e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
+    raise ValueError(f"{name}: output_padding {extra} must be smaller than stride {strides} or dilation {dilations}")
+  in_channels, group_out = weight.shape[0], weight.shape[1]
+  flipped = weight.reshape(groups, in_channels // groups, group_out, *kernel).transpose(1, 2)
+  flipped = flipped.reshape(groups * group_out, in_channels // groups, *kernel).flip(*range(2, 2 + dims))
+  spread = _spread(x, strides)
+  edges = [(d * (k - 1) - p, d * (k - 1) - p + e) for k, d, p, e in zip(kernel, dilations, paddings, extra)]
+  result = _convolve(spread, flipped, bias, (1,) * dims, edges, dilations, groups, name)
+  return result.squeeze(0) if unbatched else result
+
+
+def _spread(x: Tensor, stride: tuple[int, ...]) -> Tensor:
+  """Insert stride-1 zeros between neighbours along the last len(stride) axes."""
+  if all(s == 1 for s in stride): return x
+  batch, spatial = x.shape[:-len(stride)], x.shape[-len(stride):]
+  x = x.reshape(*batch, *_interleave(spatial, (1,) * len(stride)))
+  x = x.pad([(0, 0)] * len(batch) + [p for s in stride for p in ((0, 0), (0, s - 1))])
+  x = x.reshape(*batch, *(i * s for i, s in zip(spatial, stride)))
+  return x.shrink([None] * len(batch) + [(0, (i - 1) * s + 1) for i, s in zip(spatial, stride)])
+
+
+# *** pooling ***
+
+def _pool_geometry(x: Tensor, kernel_size: Size, stride: Size | None, padding: Size, dilation: Size, ceil_mode: bool,
+                   dims: int, name: str) -> tuple[tuple[int, ...], ...]:
+  """(kernel, stride, padding, dilation, extra): `extra` is the padding at the end ceil_mode needs beyond `padding`."""
+  if x.ndim not in (dims + 1, dims + 2):
+    raise ValueError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
+  kernel = _positive(_tuple(kernel_size, dims, "kernel_size"), "kernel_size")
+  strides = kernel if stride is None else _positive(_tuple(stride, dims, "stride"), "stride")
+  paddings = _tuple(padding, dims, "padding")
+  dilations = _positive(_tuple(dilation, dims, "dilation"), "dilation")
+  if any(not 0 <= p <= (d * (k - 1) + 1) // 2 for p, k, d in zip(paddings, kernel, dilations)):
+    raise ValueError(f"{name}: padding {paddings} must be between 0 and half the window {kernel} (dilation "
+                     f"{dilations})")
+  extra = []
+  for size, k, s, p, d in zip(x.shape[-dims:], kernel, strides, paddings, dilations):
+    out = _output_size(size + 2 * p, k, s, d, ceil_mode)
+    # as in PyTorch, the last window must start inside the input or the left padding
+    if ceil_mode and (out - 1) * s >= size + p: out -= 1
+    if out < 1: raise ValueError(f"{name}: window {kernel} (dilation {dilations}) does not fit input {x.shape}")
+    extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - size - 2 * p))
+  return kernel, strides, paddings, dilations, tuple(extra)
+
+
+def _max_pool(x: Tensor, kernel_size: Size, stride: Size | None, padding: Size, dilation: Size, ceil_mode: bool,
+              dims: int, name: str) -> Tensor:
+  kernel, strides, paddings, dilations, extra = _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode,
+                                                               dims, name)
+  lowest = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
+  padded = _pad_spatial(x, [(p, p + e) for p, e in zip(paddings, extra)], lowest)
+  return _windows(padded, kernel, strides, dilations).max(tuple(range(-dims, 0)))
+
+
+def _avg_pool(x: Tensor, kernel_size: Size, stride: Size | None, padding: Size, ceil_mode: bool,
+              count_include_pad: bool, divisor_override: int | None, dims: int, name: str) -> Tensor:
+  kernel, strides, paddings, dilations, extra = _pool_geometry(x, kernel_size, stride, padding, 1, ceil_mode, dims,
+                                                               name)
+  x = x if dtypes.is_float(x.dtype) else x.cast(dtypes.default_float)
+  padded = _pad_spatial(x, [(p, p + e) for p, e in zip(paddings, extra)])
+  axes = tuple(range(-dims, 0))
+  total = _windows(padded, kernel, strides, dilations).sum(axes)
+  if divisor_override is not None:
+    if divisor_override == 0: raise ValueError(f"{name}: divisor_override must not be zero")
+    return total / divisor_override
+  if not any(extra) and (count_include_pad or not any(paddings)): return total / prod(kernel)
+  mask = _counted_mask(x, paddings, extra, count_include_pad)
+  return total / _windows(mask, kernel, strides, dilations).sum(axes)
+
+
+def _counted_mask(x: Tensor, paddings: tuple[int, ...], extra: tuple[int, ...], count_include_pad: bool) -> Tensor:
+  """1 where an average counts an element of the padded input, 0 elsewhere, over the spatial axes only: the input
+  counts, the padding counts with count_include_pad, the extra end padding of ceil_mode never counts."""
+  spatial = x.shape[len(x.shape) - len(paddings):]
+  if count_include_pad:
+    ones = type(x).ones(*(s + 2 * p for s, p in zip(spatial, paddings)), device=x.device)
+    return _pad_spatial(ones, [(0, e) for e in extra])
+  ones = type(x).ones(*spatial, device=x.device)
+  return _pad_spatial(ones, [(p, p + e) for p, e in zip(paddings, extra)])
+
+
+# *** small math helpers (private stand-ins for the shared elementwise and reduce ops) ***
+
+def _log_softmax(x: Tensor, axis: int) -> Tensor:
+  # the shift by the maximum cancels exactly, so it needs no gradient
+  shifted = x - x.max(axis, keepdim=True).detach()
+  return shifted - shifted.exp().sum(axis, keepdim=True).log()
+
+
+def _softmax(x: Tensor, axis: int) -> Tensor:
+  exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+  return exponentials / exponentials.sum(axis, keepdim=True)
+
+
+def _rsqrt(x: Tensor) -> Tensor:
+  return x.sqrt().reciprocal()
+
+
+def _moments(x: Tensor, axes: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+  """Mean and biased variance over `axes`, both keeping the reduced axes."""
+  mean = x.mean(axes, keepdim=True)
+  centered = x - mean
+  return mean, (centered * centered).mean(axes, keepdim=True)
+
+
+def _abs(x: Tensor) -> Tensor:
+  return (x < 0).where(-x, x)
+
+
+def _log1p_exp(x: Tensor) -> Tensor:
+  """log(1 + exp(x)) for x <= 0, without overflow."""
+  return (x.exp() + 1).log()
+
+
+def _float(x: Tensor) -> Tensor:
+  return x if dtypes.is_float(x.dtype) else x.cast(dtypes.default_float)
+
+
+_MACHINE_EPSILON = {dtypes.float16: 2.0 ** -10, dtypes.bfloat16: 2.0 ** -7, dtypes.float32: 2.0 ** -23,
+                    dtypes.float64: 2.0 ** -52}
+
+
+def _channel_shape(x: Tensor, axis: int = 1) -> tuple[int, ...]:
+  """The shape that broadcasts a per-channel vector along `axis` of x."""
+  return tuple(size if i == axis else 1 for i, size in enumerate(x.shape))
+
+
+def _check_channels(name: str, what: str, vector: Tensor | None, channels: int) -> None:
+  if vector is not None and vector.shape != (channels,):
+    raise ValueError(f"{name}: {what} of shape {vector.shape} does not match {channels} channels")
+
+
+def _check_normalized_shape(name: str, x: Tensor, normalized_shape: Size) -> tuple[int, ...]:
+  shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+  if not shape or tuple(x.shape[len(x.shape) - len(shape):]) != shape or len(shape) > x.ndim:
+    raise ValueError(f"{name}: normalized_shape {shape} does not match the trailing axes of input {x.shape}")
+  return shape
+
+
+def _affine(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> Tensor:
+  if weight is not None: x = x * weight
+  return x if bias is None else x + bias
+
+
+def _per_channel(x: Tensor, weight: Tensor | None, bias: Tensor | None) -> tuple[Tensor | None, Tensor | None]:
+  shape = _channel_shape(x)
+  return (None if weight is None else weight.reshape(shape)), (None if bias is None else bias.reshape(shape))
+
+
+def _causal_mask(like: Tensor, queries: int, keys: int) -> Tensor:
+  """True where key j may be attended from query i: j <= i (the top-left aligned lower triangle)."""
+  rows = type(like).arange(queries, device=like.device).reshape(queries, 1)
+  return rows >= type(like).arange(keys, device=like.device).reshape(1, keys)
+
+
+def _check_same_shape(name: str, x: Tensor, target: Tensor) -> None:
+  if tuple(target.shape) != tuple(x.shape):
+    raise ValueError(f"{name}: target of shape {target.shape} does not match input {x.shape}")
+
+
+# *** losses ***
+
+def _class_one_hot(target: Tensor, classes: int, axis: int) -> Tensor:
+  """A bool tensor that is True at target's class along a new axis `axis` (nowhere for out-of-range targets)."""
+  shape = [1] * (target.ndim + 1)
+  shape[axis] = classes
+  arange = type(target).arange(classes, device=target.device).reshape(shape)
+  return target.unsqueeze(axis) == arange
+
+
+def _check_class_target(name: str, x: Tensor, target: Tensor, axis: int) -> None:
+  if dtypes.is_float(target.dtype) or target.dtype == dtypes.bool:
+    raise TypeError(f"{name}: class-index targets must be integers, got {target.dtype} (shape {target.shape})")
+  expected = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
+  if tuple(target.shape) != expected:
+    raise ValueError(f"{name}: target of shape {target.shape} does not match input {x.shape}: expected {expected}")
+
+
+def _class_index_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
+                      label_smoothing: float, axis: int) -> Tensor:
+  """PyTorch's cross entropy with class-index targets over log-probabilities: the weighted negative log-likelihood,
+  blended with the mean over all classes by label_smoothing; 'mean' divides by the total weight of counted targets."""
+  classes = log_probs.shape[axis]
+  counted = target != ignore_index
+  picked = _class_one_hot(target, classes, axis) & counted.unsqueeze(axis)
+  class_weight = None if weight is None else weight.cast(log_probs.dtype).reshape(_channel_shape(log_probs, axis))
+  weighted = log_probs if class_weight is None else log_probs * class_weight
+  loss = -picked.where(weighted, 0).sum(axis)
+  if label_smoothing:
+    smooth = -counted.where(weighted.sum(axis), 0)
+    loss = loss * (1 - label_smoothing) + smooth * (label_smoothing / classes)
+  if reduction != "mean": return _reduce_loss(loss, reduction)
+  total_weight = picked.where(1.0 if class_weight is None else class_weight, 0.0).sum()
+  return loss.sum() / total_weight
+
+
+def _probability_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, reduction: str,
+                      label_smoothing: float, axis: int) -> Tensor:
+  classes = log_probs.shape[axis]
+  if label_smoothing: target = target * (1 - label_smoothing) + label_smoothing / classes
+  terms = log_probs * target
+  if weight is not None: terms = terms * weight.reshape(_channel_shape(log_probs, axis))
+  loss = -terms.sum(axis)
+  return _reduce_loss(loss, reduction)
 
 
 class NNOps:
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
+
+  # *** linear and convolution ***
+
+  def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """self @ weight.T + bias, with weight shaped (out_features, in_features) as in torch.nn.functional.linear."""
+    if weight.ndim not in (1, 2): raise ValueError(f"linear: weight must be 1-D or 2-D, got shape {weight.shape}")
+    if self.ndim == 0 or self.shape[-1] != weight.shape[-1]:
+      raise ValueError(f"linear: input of shape {self.shape} does not match weight of shape {weight.shape} "
+                       f"(out_features, in_features)")
+    result = self.matmul(weight.T)
+    return result if bias is None else result + bias
+
+  def conv1d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size | str = 0,
+             dilation: Size = 1, groups: int = 1) -> Tensor:
+    """1-D convolution of (batch, in, width) or (in, width) with weight (out, in/groups, kernel)."""
+    return _conv(self, weight, bias, stride, padding, dilation, groups, 1, "conv1d")
+
+  def conv2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size | str = 0,
+             dilation: Size = 1, groups: int = 1) -> Tensor:
+    """2-D convolution of (batch, in, height, width) or (in, height, width) with weight (out, in/groups, kh, kw)."""
+    return _conv(self, weight, bias, stride, padding, dilation, groups, 2, "conv2d")
+
+  def conv_transpose1d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size = 0,
+                       output_padding: Size = 0, groups: int = 1, dilation: Size = 1) -> Tensor:
+    """Transposed 1-D convolution with weight (in, out/groups, kernel)."""
+    return _conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 1,
+                           "conv_transpose1d")
+
+  def conv_transpose2d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size = 0,
+                       output_padding: Size = 0, groups: int = 1, dilation: Size = 1) -> Tensor:
+    """Transposed 2-D convolution with weight (in, out/groups, kh, kw)."""
+    return _conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 2,
+                           "conv_transpose2d")
+
+  # *** pooling ***
+
+  def max_pool1d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0, dilation: Size = 1,
+                 ceil_mode: bool = False) -> Tensor:
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 1, "max_pool1d")
+
+  def max_pool2d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0, dilation: Size = 1,
+                 ceil_mode: bool = False) -> Tensor:
+    """Max over windows; padding counts as -inf. Ties share the gradient evenly (PyTorch gives it to one)."""
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d")
+
+  def avg_pool1d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, None, 1, "avg_pool1d")
+
+  def avg_pool2d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None) -> Tensor:
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2,
+                     "avg_pool2d")
+
+  # *** normalization ***
+
+  def batchnorm(self: Tensor, weight: Tensor | None, bias: Tensor | None, mean: Tensor, invstd: Tensor,
+                axis: int = 1) -> Tensor:
+    """(self - mean) * invstd * weight + bias with per-channel vectors along `axis`: the normalization step of
+    batch_norm, for callers that computed the statistics themselves (nn.BatchNorm, to update its running stats)."""
+    shape = _channel_shape(self, axis)
+    x = (self - mean.reshape(shape)) * invstd.reshape(shape)
+    return _affine(x, None if weight is None else weight.reshape(shape), None if bias is None else bias.reshape(shape))
+
+  def batch_norm(self: Tensor, running_mean: Tensor | None, running_var: Tensor | None, weight: Tensor | None = None,
+                 bias: Tensor | None = None, training: bool = False, momentum: float = 0.1,
+                 eps: float = 1e-5) -> Tensor:
+    """torch.nn.functional.batch_norm over axis 1. In training the batch's mean and biased variance normalize;
+    otherwise the running ones do. This function never updates running_mean / running_var (nn.BatchNorm does that,
+    with `momentum`, which is accepted here only for signature compatibility)."""
+    if self.ndim < 2: raise ValueError(f"batch_norm: input must have a channel axis, got shape {self.shape}")
+    channels = self.shape[1]
+    for what, vector in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
+                         ("bias", bias)):
+      _check_channels("batch_norm", what, vector, channels)
+    if training:
+      axes = tuple(i for i in range(self.ndim) if i != 1)
+      if prod(self.shape[i] for i in axes) == 1:
+        raise ValueError(f"batch_norm: training needs more than one value per channel, got input {self.shape}")
+      mean, variance = _moments(self, axes)
+      return _affine((self - mean) * _rsqrt(variance + eps), *_per_channel(self, weight, bias))
+    if running_mean is None or running_var is None:
+      raise ValueError("batch_norm: running_mean and running_var are required when not training")
+    return self.batchnorm(weight, bias, running_mean, _rsqrt(running_var + eps))
+
+  def layer_norm(self: Tensor, normalized_shape: Size, weight: Tensor | None = None, bias: Tensor | None = None,
+                 eps: float = 1e-5) -> Tensor:
+    """Normalize over the trailing axes `normalized_shape` (biased variance), then scale and shift elementwise."""
+    shape = _check_normalized_shape("layer_norm", self, normalized_shape)
+    for what, tensor in (("weight", weight), ("bias", bias)):
+      if tensor is not None and tuple(tensor.shape) != shape:
+        raise ValueError(f"layer_norm: {what} of shape {tensor.shape} does not match normalized_shape {shape}")
+    mean, variance = _moments(self, tuple(range(-len(shape), 0)))
+    return _affine((self - mean) * _rsqrt(variance + eps), weight, bias)
+
+  def layernorm(self: Tensor, normalized_shape: Size, weight: Tensor | None = None, bias: Tensor | None = None,
+                eps: float = 1e-5) -> Tensor:
+    return self.layer_norm(normalized_shape, weight, bias, eps)
+
+  def rms_norm(self: Tensor, normalized_shape: Size, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """self / sqrt(mean(self**2) + eps) over the trailing axes; eps defaults to the dtype's machine epsilon."""
+    shape = _check_normalized_shape("rms_norm", self, normalized_shape)
+    if weight is not None and tuple(weight.shape) != shape:
+      raise ValueError(f"rms_norm: weight of shape {weight.shape} does not match normalized_shape {shape}")
+    x = _float(self)
+    eps = _MACHINE_EPSILON.get(x.dtype, 2.0 ** -23) if eps is None else eps
+    mean_square = (x * x).mean(tuple(range(-len(shape), 0)), keepdim=True)
+    return _affine(x * _rsqrt(mean_square + eps), weight, None)
+
+  def group_norm(self: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
+                 eps: float = 1e-5) -> Tensor:
+    """Normalize each group of num_groups consecutive channels over its channels and spatial positions."""
+    if self.ndim < 2: raise ValueError(f"group_norm: input must have a channel axis, got shape {self.shape}")
+    channels = self.shape[1]
+    if num_groups < 1 or channels % num_groups:
+      raise ValueError(f"group_norm: {channels} channels of input {self.shape} do not split into {num_groups} groups")
+    _check_channels("group_norm", "weight", weight, channels)
+    _check_channels("group_norm", "bias", bias, channels)
+    grouped = self.reshape(self.shape[0], num_groups, -1)
+    mean, variance = _moments(grouped, (2,))
+    normalized = ((grouped - mean) * _rsqrt(variance + eps)).reshape(self.shape)
+    return _affine(normalized, *_per_channel(self, weight, bias))
+
+  # *** regularization and lookup ***
+
+  def dropout(self: Tensor, p: float = 0.5, training: bool = True, mask: Tensor | None = None) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p); identity when not training. `mask`
+    (True = keep) replaces the random draw, for tests and for reusing one mask."""
+    if not 0.0 <= p <= 1.0: raise ValueError(f"dropout probability must be in [0, 1], got {p}")
+    if not training or p == 0.0: return self
+    if p == 1.0: return self * 0
+    if mask is None:
+      rand_like = getattr(self, "rand_like", None)
+      if rand_like is None: raise NotImplementedError("dropout needs Tensor.rand_like (random numbers) or a mask")
+      mask = rand_like() >= p
+    if tuple(mask.shape) != tuple(self.shape):
+      raise ValueError(f"dropout: mask of shape {mask.shape} does not match input {self.shape}")
+    return mask.cast(dtypes.bool).where(self, 0) * (1 / (1 - p))
+
+  def embedding(self: Tensor, weight: Tensor) -> Tensor:
+    """Rows of weight (num_embeddings, dim) at the integer indices in self: shape (*self.shape, dim). Indices outside
+    [0, num_embeddings) give rows of zeros."""
+    if dtypes.is_float(self.dtype) or self.dtype == dtypes.bool:
+      raise TypeError(f"embedding: indices must be integers, got {self.dtype} (shape {self.shape})")
+    if weight.ndim != 2: raise ValueError(f"embedding: weight must be 2-D, got shape {weight.shape}")
+    picked = _class_one_hot(self, weight.shape[0], -1).unsqueeze(-1)  # (..., num_embeddings, 1)
+    return picked.where(weight, 0).sum(-2)
+
+  # *** attention ***
+
+  def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
+                                   dropout_p: float = 0.0, is_causal: bool = False,
+                                   scale: float | None = None) -> Tensor:
+    """softmax(self @ key^T * scale + mask) @ value with self the query (..., L, E), key (..., S, E) and value
+    (..., S, Ev). A bool attn_mask keeps positions where it is True; a float one is added to the scores. is_causal
+    keeps key j for query i when j <= i. Dropout with dropout_p applies to the attention weights."""
+    if self.ndim < 2 or key.ndim < 2 or value.ndim < 2:
+      raise ValueError(f"attention needs query, key and value of at least 2 dimensions, got {self.shape}, {key.shape}"
+                       f" and {value.shape}")
+    if self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
+      raise ValueError(f"attention shapes do not match: query {self.shape}, key {key.shape}, value {value.shape}")
+    if is_causal and attn_mask is not None: raise ValueError("attention: give either attn_mask or is_causal, not both")
+    scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
+    scores = self.matmul(key.transpose(-1, -2)) * scale
+    if is_causal: attn_mask = _causal_mask(self, self.shape[-2], key.shape[-2])
+    if attn_mask is not None:
+      scores = attn_mask.where(scores, -math.inf) if attn_mask.dtype == dtypes.bool else scores + attn_mask
+    weights = _softmax(scores, -1)
+    if dropout_p: weights = weights.dropout(dropout_p)
+    return weights.matmul(value)
+
+  # *** losses ***
+
+  def cross_entropy(self: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+                    reduction: str = "mean", label_smoothing: float = 0.0) -> Tensor:
+    """torch.nn.functional.cross_entropy of logits self (N, C, ...) or (C,): integer targets (N, ...) hold class
+    indices (ignore_index counts for nothing), float targets of self's shape hold class probabilities."""
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if self.ndim == 0: raise ValueError("cross_entropy: input must have a class axis, got a 0-d tensor")
+    axis = 0 if self.ndim == 1 else 1
+    _check_channels("cross_entropy", "weight", weight, self.shape[axis])
+    log_probs = _log_softmax(_float(self), axis)
+    if dtypes.is_float(target.dtype):
+      if tuple(target.shape) != tuple(self.shape):
+        raise ValueError(f"cross_entropy: probability target of shape {target.shape} does not match input {self.shape}")
+      return _probability_loss(log_probs, target, weight, reduction, label_smoothing, axis)
+    _check_class_target("cross_entropy", self, target, axis)
+    return _class_index_loss(log_probs, target, weight, ignore_index, reduction, label_smoothing, axis)
+
+  def nll_loss(self: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
+               reduction: str = "mean") -> Tensor:
+    """Negative log-likelihood of log-probabilities self (N, C, ...) or (C,) at integer class targets."""
+    _check_reduction(reduction)
+    if self.ndim == 0: raise ValueError("nll_loss: input must have a class axis, got a 0-d tensor")
+    axis = 0 if self.ndim == 1 else 1
+    _check_channels("nll_loss", "weight", weight, self.shape[axis])
+    _check_class_target("nll_loss", self, target, axis)
+    return _class_index_loss(_float(self), target, weight, ignore_index, reduction, 0.0, axis)
+
+  def sparse_categorical_crossentropy(self: Tensor, target: Tensor, ignore_index: int = -1,
+                                      label_smoothing: float = 0.0, reduction: str = "mean") -> Tensor:
+    """tinygrad's name: cross entropy of logits self (..., C) with classes on the LAST axis and integer labels
+    (...); labels equal to ignore_index (default -1) count for nothing."""
+    _check_reduction(reduction)
+    if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
+    if self.ndim == 0: raise ValueError("sparse_categorical_crossentropy: input needs a class axis, got a 0-d tensor")
+    _check_class_target("sparse_categorical_crossentropy", self, target, self.ndim - 1)
+    log_probs = _log_softmax(_float(self), -1)
+    return _class_index_loss(log_probs, target, None, ignore_index, reduction, label_smoothing, self.ndim - 1)
+
+  def binary_cross_entropy(self: Tensor, target: Tensor, weight: Tensor | None = None,
+                           reduction: str = "mean") -> Tensor:
+    """-(t*log(p) + (1-t)*log(1-p)) for probabilities p = self; each log is clamped at -100 as in PyTorch."""
+    _check_reduction(reduction)
+    _check_same_shape("binary_cross_entropy", self, target)
+    p, target = _float(self), target.cast(_float(self).dtype)
+    loss = -(target * p.log().maximum(-100) + (1 - target) * (1 - p).log().maximum(-100))
+    return _reduce_loss(loss if weight is None else loss * weight, reduction)
+
+  def binary_cross_entropy_with_logits(self: Tensor, target: Tensor, weight: Tensor | None = None,
+                                       reduction: str = "mean", pos_weight: Tensor | None = None) -> Tensor:
+    """Binary cross entropy of sigmoid(self), computed from the logits without overflow:
+    (1 - t)*x + (1 + (pos_weight - 1)*t) * log(1 + exp(-x))."""
+    _check_reduction(reduction)
+    _check_same_shape("binary_cross_entropy_with_logits", self, target)
+    x = _float(self)
+    target = target.cast(x.dtype)
+    # log(1 + exp(-x)) = max(-x, 0) + log(1 + exp(-|x|))
+    log_sigmoid_negated = (-x).maximum(0) + _log1p_exp(-_abs(x))
+    scale = 1 if pos_weight is None else (pos_weight - 1) * target + 1
+    loss = (1 - target) * x + scale * log_sigmoid_negated
+    return _reduce_loss(loss if weight is None else loss * weight, reduction)
+
+  def binary_crossentropy(self: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    """tinygrad's name for binary_cross_entropy (self holds probabilities)."""
+    return self.binary_cross_entropy(target, reduction=reduction)
+
+  def binary_crossentropy_logits(self: Tensor, target: Tensor, reduction: str = "mean",
+                                 pos_weight: Tensor | None = None) -> Tensor:
+    """tinygrad's name for binary_cross_entropy_with_logits."""
+    return self.binary_cross_entropy_with_logits(target, reduction=reduction, pos_weight=pos_weight)
+
+  def mse_loss(self: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    _check_reduction(reduction)
+    difference = _float(self) - target
+    return _reduce_loss(difference * difference, reduction)
+
+  def l1_loss(self: Tensor, target: Tensor, reduction: str = "mean") -> Tensor:
+    _check_reduction(reduction)
+    return _reduce_loss(_abs(_float(self) - target), reduction)
