@@ -255,6 +255,9 @@ class _Rewriter:
       # a new visit (stage 0) of a node whose item is waiting must not clear the mark, or it looks like a cycle
       if stage != 0: self.deferred.discard(node)
       if node in self.replaced: continue
+      if stage == 0 and self.memo is not None and (known := self._remembered(node)) is not None:
+        self.replaced[node] = known
+        continue
       if stage == 0:
         if node in self.in_progress:
           if node in self.deferred: continue
@@ -315,8 +318,13 @@ class _Rewriter:
   def finish(self, node: UOp, result: UOp) -> None:
     self.replaced[node] = result
     self.in_progress.discard(node)
-    # the memo holds values strongly: a node's own entry must not keep the node alive
-    if self.memo is not None: self.memo[node] = _SAME if result is node else result
+    # results are held weakly too: a strong value could keep another entry's key (and so a whole graph) alive
+    if self.memo is not None: self.memo[node] = _SAME if result is node else weakref.ref(result)
+
+  def _remembered(self, node: UOp) -> UOp | None:
+    known = self.memo.get(node)
+    if known is None or known is _SAME: return None if known is None else node
+    return known()
 
 
 class RewriteCache:
