@@ -1,0 +1,262 @@
+"""Optimizers against numpy re-implementations of torch.optim's update formulas, over several steps of a small
+least-squares problem. The gradients come from rawgrad's autograd; the references get them in closed form."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from rawgrad import jit
+from rawgrad.compiler.rangeify import buffer_base
+from rawgrad.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer
+from rawgrad.runtime import realize as realize_module
+from rawgrad.tensor import Tensor
+
+STEPS = 5
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((8, 4)).astype(np.float32)
+Y = RNG.standard_normal((8, 3)).astype(np.float32)
+W0 = RNG.standard_normal((3, 4)).astype(np.float32)
+B0 = RNG.standard_normal(3).astype(np.float32)
+
+
+def numpy_grads(w: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+  """Gradients of mean((x @ w.T + b - y)**2) in float64."""
+  residual = X.astype(np.float64) @ w.T + b - Y
+  scale = 2 / residual.size
+  return [scale * residual.T @ X, scale * residual.sum(0)]
+
+
+def loss_of(w: Tensor, b: Tensor) -> Tensor:
+  residual = Tensor(X) @ w.T + b - Tensor(Y)
+  return (residual * residual).mean()
+
+
+# *** numpy references: torch.optim's formulas (and LAMB's paper), one step over all parameters ***
+
+def sgd_reference(lr: float, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+                  nesterov: bool = False, maximize: bool = False) -> Callable:
+  buffers: dict[int, np.ndarray] = {}
+
+  def step(params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    for i, (p, g) in enumerate(zip(params, grads)):
+      g = -g if maximize else g
+      g = g + weight_decay * p
+      if momentum:
+        buffers[i] = g.copy() if i not in buffers else momentum * buffers[i] + (1 - dampening) * g
+        g = g + momentum * buffers[i] if nesterov else buffers[i]
+      p -= lr * g
+  return step
+
+
+def adam_reference(lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                   weight_decay: float = 0.0, decoupled: bool = False) -> Callable:
+  m: dict[int, np.ndarray] = {}
+  v: dict[int, np.ndarray] = {}
+  count = [0]
+
+  def step(params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    count[0] += 1
+    t = count[0]
+    for i, (p, g) in enumerate(zip(params, grads)):
+      if decoupled: p *= 1 - lr * weight_decay
+      else: g = g + weight_decay * p
+      m[i] = betas[0] * m.get(i, 0) + (1 - betas[0]) * g
+      v[i] = betas[1] * v.get(i, 0) + (1 - betas[1]) * g * g
+      correction1, correction2 = 1 - betas[0] ** t, 1 - betas[1] ** t
+      p -= lr / correction1 * m[i] / (np.sqrt(v[i]) / np.sqrt(correction2) + eps)
+  return step
+
+
+def lamb_reference(lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                   weight_decay: float = 0.0) -> Callable:
+  m: dict[int, np.ndarray] = {}
+  v: dict[int, np.ndarray] = {}
+  count = [0]
+
+  def step(params: list[np.ndarray], grads: list[np.ndarray]) -> None:
+    count[0] += 1
+    t = count[0]
+    for i, (p, g) in enumerate(zip(params, grads)):
+      m[i] = betas[0] * m.get(i, 0) + (1 - betas[0]) * g
+      v[i] = betas[1] * v.get(i, 0) + (1 - betas[1]) * g * g
+      direction = (m[i] / (1 - betas[0] ** t)) / (np.sqrt(v[i] / (1 - betas[1] ** t)) + eps) + weight_decay * p
+      weight_norm, direction_norm = np.linalg.norm(p), np.linalg.norm(direction)
+      trust = weight_norm / direction_norm if weight_norm > 0 and direction_norm > 0 else 1.0
+      p -= lr * trust * direction
+  return step
+
+
+CASES: dict[str, tuple[Callable[[list[Tensor]], Optimizer], Callable[[], Callable]]] = {
+  "sgd": (lambda ps: SGD(ps, lr=0.1), lambda: sgd_reference(0.1)),
+  "sgd_momentum": (lambda ps: SGD(ps, lr=0.05, momentum=0.9), lambda: sgd_reference(0.05, momentum=0.9)),
+  "sgd_dampening_decay": (lambda ps: SGD(ps, lr=0.05, momentum=0.8, dampening=0.3, weight_decay=0.1),
+                          lambda: sgd_reference(0.05, momentum=0.8, dampening=0.3, weight_decay=0.1)),
+  "sgd_nesterov": (lambda ps: SGD(ps, lr=0.05, momentum=0.9, nesterov=True, weight_decay=0.01),
+                   lambda: sgd_reference(0.05, momentum=0.9, nesterov=True, weight_decay=0.01)),
+  "sgd_maximize": (lambda ps: SGD(ps, lr=0.01, maximize=True), lambda: sgd_reference(0.01, maximize=True)),
+  "adam": (lambda ps: Adam(ps, lr=0.1), lambda: adam_reference(0.1)),
+  "adam_l2": (lambda ps: Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1),
+              lambda: adam_reference(0.05, (0.8, 0.99), 1e-6, 0.1)),
+  "adamw": (lambda ps: AdamW(ps, lr=0.1, weight_decay=0.1),
+            lambda: adam_reference(0.1, weight_decay=0.1, decoupled=True)),
+  "adamw_default": (lambda ps: AdamW(ps), lambda: adam_reference(1e-3, weight_decay=1e-2, decoupled=True)),
+  "lamb": (lambda ps: LAMB(ps, lr=0.1), lambda: lamb_reference(0.1)),
+  "lamb_decay": (lambda ps: LAMB(ps, lr=0.05, betas=(0.85, 0.98), weight_decay=0.1),
+                 lambda: lamb_reference(0.05, (0.85, 0.98), 1e-6, 0.1)),
+}
+
+
+def train(make_optimizer: Callable[[list[Tensor]], Optimizer], steps: int = STEPS) -> tuple[list, list, Optimizer]:
+  """Run `steps` steps in rawgrad, each in one schedule; return the parameters after each step and the losses."""
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = make_optimizer([w, b])
+  history, losses = [], []
+  for _ in range(steps):
+    optimizer.zero_grad()
+    loss = loss_of(w, b)
+    loss.backward()
+    Tensor.realize(loss, *optimizer.schedule_step())
+    history.append((w.numpy().copy(), b.numpy().copy()))
+    losses.append(loss.item())
+  return history, losses, optimizer
+
+
+def reference_history(step: Callable, steps: int = STEPS) -> list:
+  w, b = W0.astype(np.float64), B0.astype(np.float64)
+  history = []
+  for _ in range(steps):
+    step([w, b], numpy_grads(w, b))
+    history.append((w.copy(), b.copy()))
+  return history
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_matches_torch_formulas(case: str) -> None:
+  make_optimizer, make_reference = CASES[case]
+  history, _, _ = train(make_optimizer)
+  for step, ((w, b), (w_ref, b_ref)) in enumerate(zip(history, reference_history(make_reference()))):
+    np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=1e-5, err_msg=f"{case}: weight after step {step + 1}")
+    np.testing.assert_allclose(b, b_ref, rtol=1e-4, atol=1e-5, err_msg=f"{case}: bias after step {step + 1}")
+
+
+@pytest.mark.parametrize("case", ["sgd_momentum", "adam", "lamb"])
+def test_loss_decreases(case: str) -> None:
+  _, losses, _ = train(CASES[case][0], steps=8)
+  assert losses[-1] < losses[0] * 0.8, losses
+
+
+def test_parameters_and_state_keep_their_buffers() -> None:
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = Adam([w, b], lr=0.1)
+  tracked = [w, b, *optimizer.moments, optimizer.beta_powers]
+  for _ in range(2):  # the first step may realize lazily initialized tensors
+    optimizer.zero_grad()
+    loss_of(w, b).backward()
+    optimizer.step()
+  before = [buffer_base(t.uop) for t in tracked]
+  for _ in range(2):
+    optimizer.zero_grad()
+    loss_of(w, b).backward()
+    optimizer.step()
+  assert [buffer_base(t.uop) for t in tracked] == before
+
+
+def test_step_is_one_schedule_and_compiles_once() -> None:
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = SGD([w, b], lr=0.1, momentum=0.9)
+  calls = []
+  original = realize_module.realize_tensors
+
+  def counting(tensors: list) -> None:
+    calls.append(len(tensors))
+    original(tensors)
+  realize_module.realize_tensors = counting
+  try:
+    for _ in range(3):
+      optimizer.zero_grad()
+      loss = loss_of(w, b)
+      loss.backward()
+      Tensor.realize(loss, *optimizer.schedule_step())
+      if len(calls) == 2: compiled = len(realize_module._runners)
+  finally:
+    realize_module.realize_tensors = original
+  assert len(calls) == 3, f"expected one realize per step, got {calls}"
+  assert len(realize_module._runners) == compiled, "later steps compiled new kernels"
+
+
+def test_set_lr_changes_the_update_without_recompiling() -> None:
+  history, _, _ = train(lambda ps: SGD(ps, lr=0.1), steps=1)
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = SGD([w, b], lr=0.5)
+  optimizer.set_lr(0.2)
+  optimizer.set_lr(0.1)
+  loss_of(w, b).backward()
+  optimizer.step()
+  np.testing.assert_allclose(w.numpy(), history[0][0], rtol=1e-6)
+  assert optimizer.lr.item() == pytest.approx(0.1)
+  compiled = len(realize_module._runners)
+  optimizer.set_lr(0.05)
+  assert len(realize_module._runners) == compiled
+  assert optimizer.lr.item() == pytest.approx(0.05)
+
+
+def test_set_lr_reaches_jit_replays() -> None:
+  w = Tensor(W0.copy(), requires_grad=True)
+  optimizer = SGD([w], lr=0.1)
+
+  @jit
+  def step(x: Tensor) -> Tensor:
+    optimizer.zero_grad()
+    loss = (w * x).sum()
+    loss.backward()
+    Tensor.realize(loss, *optimizer.schedule_step())
+    return loss
+
+  expected = W0.astype(np.float64)
+  for i, lr in enumerate([0.1, 0.1, 0.5, 0.25, 2.0]):  # the first two calls run eagerly and capture; then replays
+    optimizer.set_lr(lr)
+    x = np.full(W0.shape, i + 1, np.float32)
+    step(Tensor(x))
+    expected -= lr * x
+  assert step.calls == 5
+  np.testing.assert_allclose(w.numpy(), expected, rtol=1e-6)
+
+
+def test_parameter_without_gradient_is_skipped() -> None:
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  unused = Tensor(np.ones((2, 2), np.float32), requires_grad=True)
+  optimizer = Adam([w, b, unused], lr=0.1)
+  optimizer.zero_grad()
+  loss_of(w, b).backward()
+  assert unused.grad is None
+  optimizer.step()
+  np.testing.assert_array_equal(unused.numpy(), np.ones((2, 2), np.float32))
+  assert not np.allclose(w.numpy(), W0)
+
+
+def test_requires_grad_none_becomes_true_and_false_is_a_buffer() -> None:
+  trained, frozen = Tensor(np.ones(3, np.float32)), Tensor(np.ones(3, np.float32), requires_grad=False)
+  optimizer = SGD([trained, frozen, trained], lr=0.1)
+  assert trained.requires_grad is True
+  assert len(optimizer.params) == 1 and optimizer.params[0] is trained
+  assert len(optimizer.buffers) == 1 and optimizer.buffers[0] is frozen
+  # a pending in-place update of a buffer runs in the optimizer's schedule
+  frozen.assign(frozen * 3)
+  (trained * trained).sum().backward()
+  Tensor.realize(*optimizer.schedule_step())
+  np.testing.assert_allclose(frozen.numpy(), [3, 3, 3])
+  np.testing.assert_allclose(trained.numpy(), [0.8, 0.8, 0.8], rtol=1e-6)
+
+
+@pytest.mark.parametrize("make, message", [
+  (lambda ps: SGD(ps, lr=-1.0), "learning rate"),
+  (lambda ps: SGD(ps, lr=0.1, nesterov=True), "Nesterov"),
+  (lambda ps: Adam(ps, betas=(1.0, 0.999)), "betas"),
+  (lambda ps: SGD([], lr=0.1), "no parameters"),
+  (lambda ps: SGD([np.ones(3)], lr=0.1), "must be Tensors"),
+])
+def test_bad_arguments_raise(make: Callable, message: str) -> None:
+  params: list[Any] = [Tensor(np.ones(3, np.float32))]
+  with pytest.raises((ValueError, TypeError), match=message): make(params)
