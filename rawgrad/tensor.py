@@ -172,6 +172,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop))
     return self
 
+  def clone(self) -> Tensor:
+    """A copy with a buffer of its own (lazy, like everything else)."""
+    return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self)
+
   def contiguous(self) -> Tensor:
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
@@ -206,7 +210,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t with requires_grad that self depends on."""
-    in_graph = self.uop.toposort
+    from rawgrad.compiler.gradient import expand_realized
+    in_graph = expand_realized(self.uop)[0].toposort
     targets = [t for t in list(all_tensors) if t.requires_grad and t.uop in in_graph]
     if not targets: raise RuntimeError("backward: no tensor with requires_grad=True contributes to this one")
     for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):

@@ -7,9 +7,10 @@ more than once. The result is an ordinary lazy graph: it fuses and schedules lik
 from __future__ import annotations
 
 import math
+import weakref
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
-from rawgrad.compiler.rewrite import PatternMatcher, UPat
+from rawgrad.compiler.rewrite import PatternMatcher, UPat, substitute
 from rawgrad.dtype import dtypes
 
 
@@ -122,6 +123,20 @@ NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Op
                                            Ops.DETACH, Ops.BITCAST, Ops.IOTA}
 
 
+# a realized tensor's buffer view -> the graph it was computed from (kept while the view lives; see realize.py)
+autograd_origin: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+
+
+def expand_realized(root: UOp) -> tuple[UOp, dict[UOp, UOp]]:
+  """root with every realized buffer view replaced by the graph it came from (repeatedly: those graphs may read
+  earlier results), and the reverse map, to point the gradient back at the buffers that hold those values."""
+  reverse: dict[UOp, UOp] = {}
+  while mapping := {node: autograd_origin[node] for node in root.toposort if node in autograd_origin}:
+    reverse.update({origin: view for view, origin in mapping.items()})
+    root = substitute(root, mapping)
+  return root, reverse
+
+
 def _on_path_to(root: UOp, targets: set[UOp]) -> set[UOp]:
   """The nodes between root and any target: only these need gradients."""
   leads: dict[UOp, bool] = {}
@@ -131,7 +146,14 @@ def _on_path_to(root: UOp, targets: set[UOp]) -> set[UOp]:
 
 
 def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-  """d(root)/d(target) for every target that root depends on, given the gradient flowing into root."""
+  """d(root)/d(target) for every target that root depends on, given the gradient flowing into root. Realized
+  values on the way are differentiated through the graphs they came from, and read back from their buffers."""
+  root, reverse = expand_realized(root)
+  grads = _gradients(root, root_grad, targets)
+  return {target: substitute(grad, reverse) for target, grad in grads.items()} if reverse else grads
+
+
+def _gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   needed = _on_path_to(root, targets)
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(list(root.toposort)):

@@ -16,6 +16,7 @@ from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
 from rawgrad.runtime.hcq import HWQueue, timestamp_slots
 from rawgrad.runtime.jit import CapturedKernel, capturing, refuse_host_read
+from rawgrad.compiler.gradient import autograd_origin
 from rawgrad.runtime.memory import plan_arena
 from rawgrad.runtime.profile import KernelEvent, record_kernel
 
@@ -110,12 +111,23 @@ def realize_tensors(tensors: list) -> None:
   schedule = create_schedule(outputs)
   becomes_map = schedule.becomes_map
   kept: set[UOp] = set()
-  for tensor in list(all_tensors):
+  live = list(all_tensors)
+  for tensor in live:
     if any(node in becomes_map for node in tensor.uop.toposort):
       tensor.uop = substitute(tensor.uop, becomes_map)
     kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+  remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
   plan_temporaries(schedule.items, kept)
   run_schedule(schedule.items)
+
+
+def remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:
+  """Realizing replaces a tensor's graph by its buffer; keep the graph for gradients that flow through it (as
+  PyTorch keeps its autograd graph), so `loss.item(); loss.backward()` works. Only for buffers tensors keep (a
+  temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
+  for node, view in becomes_map.items():
+    if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
+    if any(leaf in parameters or leaf in autograd_origin for leaf in node.toposort): autograd_origin[view] = node
 
 
 def plan_temporaries(items: list[ScheduleItem], kept: set[UOp]) -> None:
