@@ -1,9 +1,10 @@
 """The user-facing Tensor: lazy, PyTorch-style. Every operation builds UOps; nothing runs until realize()."""
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -75,6 +76,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
       uop = _from_numpy(np.array(_flat(data), dtype=dtypes.to_numpy(dtype)).reshape(shape), device, dtype)
     else:
       raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+    if Tensor._no_grad and isinstance(data, UOp) and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
+      uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     self.uop: UOp = uop
     if PROFILE: record_origin(uop)
     self.requires_grad = requires_grad
@@ -145,6 +148,21 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
                                                                                                    count))))
     return (index.cast(dtype) * step + start).cast(dtype)
 
+  @staticmethod
+  def linspace(start: float, end: float, steps: int, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    if steps < 0: raise ValueError(f"linspace needs a non-negative number of steps, got {steps}")
+    dtype = dtype or dtypes.default_float
+    if steps == 1: return Tensor.full((1,), start, dtype, device)
+    step = (end - start) / (steps - 1) if steps > 1 else 0.0
+    return (Tensor.arange(steps, dtype=dtypes.float64 if dtype == dtypes.float64 else dtypes.float32,
+                          device=device) * step + start).cast(dtype)
+
+  @staticmethod
+  def eye(n: int, m: int | None = None, dtype: DType | None = None, device: str | None = None) -> Tensor:
+    m = n if m is None else m
+    rows = Tensor.arange(n, device=device).reshape(n, 1)
+    return (rows == Tensor.arange(m, device=device).reshape(1, m)).cast(dtype or dtypes.default_float)
+
   def full_like(self, fill_value: Any, dtype: DType | None = None) -> Tensor:
     return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
 
@@ -192,7 +210,17 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   # *** autograd ***
 
-  no_grad = False  # set by `with Tensor.inference_mode()`; no graph for gradients is kept then
+  _no_grad = False
+
+  @staticmethod
+  @contextlib.contextmanager
+  def no_grad() -> Iterator[None]:
+    """`with Tensor.no_grad():` tensors made inside carry no gradient (as torch.no_grad)."""
+    previous, Tensor._no_grad = Tensor._no_grad, True
+    try:
+      yield
+    finally:
+      Tensor._no_grad = previous
 
   def detach(self) -> Tensor:
     return Tensor(UOp(Ops.DETACH, self.dtype, (self.uop,)))

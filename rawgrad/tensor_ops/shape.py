@@ -625,3 +625,118 @@ def _placement(dims: list[int], counts: list[bool], rest: list[int]) -> int:
   squeezed = [d - sum(1 for r in removed if r < d) for d in placed]
   if squeezed != list(range(squeezed[0], squeezed[0] + len(squeezed))): return 0
   return sum(1 for d in rest if d < placed[0])
+
+
+# *** einsum and interpolate ***
+
+def _einsum_letters(formula: str, operands: tuple) -> tuple[list[str], str]:
+  """The per-operand subscripts and the output subscripts, with '...' spelled out as upper-case letters."""
+  inputs, _, output = formula.replace(" ", "").partition("->")
+  parts = inputs.split(",")
+  if len(parts) != len(operands):
+    raise ValueError(f"einsum formula {formula!r} names {len(parts)} operands, {len(operands)} were given")
+  broadcast = max((t.ndim - len(p.replace("...", "")) for p, t in zip(parts, operands) if "..." in p), default=0)
+  ellipsis = "".join(chr(ord("Z") - i) for i in range(broadcast))[::-1]
+  spelled = []
+  for part, tensor in zip(parts, operands):
+    extra = tensor.ndim - len(part.replace("...", ""))
+    spelled.append(part.replace("...", ellipsis[len(ellipsis) - extra:]) if "..." in part else part)
+    if len(spelled[-1]) != tensor.ndim:
+      raise ValueError(f"einsum subscripts {part!r} do not match operand of shape {tensor.shape}")
+  if "->" not in formula:
+    counts = {letter: "".join(spelled).count(letter) for letter in set("".join(spelled))}
+    output = ellipsis + "".join(sorted(letter for letter, count in counts.items() if count == 1 and
+                                       letter not in ellipsis))
+  return spelled, output.replace("...", ellipsis)
+
+
+def _take_diagonals(tensor: Any, letters: str) -> tuple[Any, str]:
+  """A letter repeated within one operand (as in 'ii') selects the diagonal of those axes."""
+  while len(set(letters)) != len(letters):
+    letter = next(c for c in letters if letters.count(c) > 1)
+    first, second = letters.index(letter), letters.index(letter, letters.index(letter) + 1)
+    order = [i for i in range(tensor.ndim) if i not in (first, second)] + [first, second]
+    size = tensor.shape[first]
+    moved = tensor.permute(order)
+    tensor = moved.reshape(*moved.shape[:-2], size * size)[..., ::size + 1] if size else moved.sum(-1)
+    letters = "".join(letters[i] for i in order[:-2]) + letter
+  return tensor, letters
+
+
+def einsum(formula: str, *operands: Any) -> Any:
+  """torch.einsum: every operand is aligned to all the formula's letters, multiplied, and summed over the letters
+  missing from the output (one fused kernel for a contraction)."""
+  if len(operands) == 1 and isinstance(operands[0], (list, tuple)): operands = tuple(operands[0])
+  spelled, output = _einsum_letters(formula, operands)
+  letters = sorted(set("".join(spelled)))
+  if set(output) - set(letters) or len(set(output)) != len(output):
+    raise ValueError(f"einsum output {output!r} of {formula!r} uses a letter twice or one no input has")
+  sizes: dict[str, Any] = {}
+  aligned = []
+  for tensor, part in zip(operands, spelled):
+    tensor, part = _take_diagonals(tensor, part)
+    for letter, size in zip(part, tensor.shape):
+      if sizes.setdefault(letter, size) != size and size != 1 and sizes[letter] != 1:
+        raise ValueError(f"einsum letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
+      if sizes[letter] == 1: sizes[letter] = size
+    present = [letter for letter in letters if letter in part]
+    moved = tensor.permute([part.index(letter) for letter in present]) if present else tensor
+    aligned.append(moved.reshape([tensor.shape[part.index(letter)] if letter in part else 1 for letter in letters]))
+  product = aligned[0]
+  for tensor in aligned[1:]: product = product * tensor
+  summed = [i for i, letter in enumerate(letters) if letter not in output]
+  remaining = [letter for letter in letters if letter in output]
+  result = product.sum(summed) if summed else product.expand([sizes[letter] for letter in letters])
+  return result.permute([remaining.index(letter) for letter in output]) if output else result
+
+
+def _source_positions(out_size: int, in_size: int, mode: str, align_corners: bool | None) -> np.ndarray:
+  if mode == "nearest": return np.minimum(np.floor(np.arange(out_size) * (in_size / out_size)), in_size - 1)
+  if mode == "nearest-exact":
+    return np.minimum(np.floor((np.arange(out_size) + 0.5) * (in_size / out_size)), in_size - 1)
+  if align_corners:
+    return np.arange(out_size) * ((in_size - 1) / (out_size - 1)) if out_size > 1 else np.zeros(out_size)
+  return np.clip((np.arange(out_size) + 0.5) * (in_size / out_size) - 0.5, 0, None)
+
+
+def _resize_axis(tensor: Any, axis: int, out_size: int, mode: str, align_corners: bool | None) -> Any:
+  from rawgrad.tensor import Tensor
+  in_size = tensor.shape[axis]
+  positions = _source_positions(out_size, in_size, mode, align_corners)
+  low = np.floor(positions).astype(np.int32)
+  if mode.startswith("nearest"): return tensor.index_select(axis, Tensor(low, tensor.device))
+  high = np.minimum(low + 1, in_size - 1)
+  weight_shape = [1] * tensor.ndim
+  weight_shape[axis] = out_size
+  weight = Tensor((positions - low).astype(np.float32), tensor.device).reshape(weight_shape).cast(tensor.dtype)
+  below = tensor.index_select(axis, Tensor(low, tensor.device))
+  above = tensor.index_select(axis, Tensor(high.astype(np.int32), tensor.device))
+  return below * (1 - weight) + above * weight
+
+
+_INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
+
+
+def interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                align_corners: bool | None = None) -> Any:
+  """torch.nn.functional.interpolate over the axes after (N, C): each axis resized separately, so bilinear is
+  linear along height and then along width (exactly torch's result)."""
+  if mode not in _INTERPOLATE_MODES: raise ValueError(f"interpolate mode must be one of {_INTERPOLATE_MODES}")
+  if align_corners is not None and mode.startswith("nearest"):
+    raise ValueError("align_corners only applies to the linear modes")
+  spatial = self.ndim - 2
+  if spatial < 1: raise ValueError(f"interpolate needs (N, C, ...) input, got shape {self.shape}")
+  if (size is None) == (scale_factor is None): raise ValueError("interpolate needs exactly one of size, scale_factor")
+  if size is None:
+    factors = scale_factor if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * spatial
+    size = [int(math.floor(s * f)) for s, f in zip(self.shape[2:], factors)]
+  sizes = list(size) if isinstance(size, (list, tuple)) else [size] * spatial
+  if len(sizes) != spatial: raise ValueError(f"interpolate size {size} does not match {spatial} spatial axes")
+  result = self
+  for axis, out_size in zip(range(2, self.ndim), sizes):
+    if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)
+  return result
+
+
+ShapeOps.einsum = staticmethod(einsum)  # type: ignore[attr-defined]
+ShapeOps.interpolate = interpolate  # type: ignore[attr-defined]
