@@ -90,7 +90,9 @@ class ReduceOps:
   def log_softmax(self, axis: int = -1, dtype: Any = None):
     x = self.cast(dtype) if dtype is not None else self
     if not dtypes.is_float(x.dtype): x = x.cast(dtypes.default_float)
-    return x - x.logsumexp(axis, keepdim=True)
+    # shift first: adding the peak back (as logsumexp does) would round away the small differences
+    shifted = x - x.max(axis, keepdim=True)
+    return shifted - shifted.exp().sum(axis, keepdim=True).log()
 
   # *** scans: element i along the axis combines elements 0..i, as one fused masked reduction ***
 

@@ -1,0 +1,121 @@
+"""Random numbers (Threefry) and the reductions and scans of tensor_ops/reduce.py, by value."""
+import numpy as np
+import pytest
+
+from rawgrad import Tensor, dtypes
+from rawgrad.tensor_ops.random import threefry2x32
+
+rng = np.random.default_rng(11)
+
+
+# *** random ***
+
+@pytest.mark.parametrize("key, counter, expected", [
+  # known-answer vectors of Threefry-2x32 with 20 rounds (Random123)
+  ((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+  ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+  ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)),
+])
+def test_threefry_known_answers(key: tuple, counter: tuple, expected: tuple) -> None:
+  words = [Tensor([c], dtype=dtypes.uint32).uop for c in counter]
+  x0, x1 = threefry2x32(words[0], words[1], key)
+  assert (Tensor(x0).item(), Tensor(x1).item()) == expected
+
+
+def test_same_seed_same_numbers_in_any_order_of_realization() -> None:
+  Tensor.manual_seed(5)
+  first, second = Tensor.rand(100), Tensor.randn(3, 7)
+  a, b = first.numpy(), second.numpy()
+  Tensor.manual_seed(5)
+  first, second = Tensor.rand(100), Tensor.randn(3, 7)
+  np.testing.assert_array_equal(second.numpy(), b)  # realized in the other order
+  np.testing.assert_array_equal(first.numpy(), a)
+  Tensor.manual_seed(6)
+  assert not np.array_equal(Tensor.rand(100).numpy(), a)
+
+
+def test_distributions() -> None:
+  Tensor.manual_seed(0)
+  uniform = Tensor.rand(200_000).numpy()
+  assert uniform.min() >= 0 and uniform.max() < 1 and abs(uniform.mean() - 0.5) < 0.005
+  assert np.all(np.abs(np.histogram(uniform, 10, (0, 1))[0] / 20_000 - 1) < 0.05)
+  normal = Tensor.randn(200_000).numpy()
+  assert abs(normal.mean()) < 0.01 and abs(normal.std() - 1) < 0.01 and np.isfinite(normal).all()
+  ints = Tensor.randint(10_000, low=-3, high=4).numpy()
+  assert ints.dtype == np.int32 and set(np.unique(ints)) == set(range(-3, 4))
+  scaled = Tensor.normal(50_000, mean=3.0, std=0.5).numpy()
+  assert abs(scaled.mean() - 3) < 0.01 and abs(scaled.std() - 0.5) < 0.01
+
+
+def test_initializers_respect_their_bounds() -> None:
+  weight = Tensor.kaiming_uniform(64, 27, a=5 ** 0.5).numpy()
+  bound = np.sqrt(2 / (1 + 5)) * np.sqrt(3 / 27)
+  assert np.abs(weight).max() <= bound and np.abs(weight).max() > 0.9 * bound
+  glorot = Tensor.glorot_uniform(30, 20).numpy()
+  assert np.abs(glorot).max() <= np.sqrt(6 / 50)
+  like = Tensor.zeros(4, 5, dtype=dtypes.float16).rand_like()
+  assert like.shape == (4, 5) and like.dtype == dtypes.float16
+  with pytest.raises(ValueError, match="low < high"): Tensor.randint(3, low=2, high=2)
+
+
+# *** reductions ***
+
+x = rng.standard_normal((4, 6)).astype(np.float32)
+
+
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 1)])
+def test_statistics(axis) -> None:
+  t = Tensor(x)
+  np.testing.assert_allclose(t.var(axis).numpy(), x.var(axis, ddof=1), rtol=1e-5)
+  np.testing.assert_allclose(t.std(axis, correction=0).numpy(), x.std(axis), rtol=1e-5)
+  np.testing.assert_allclose(t.prod(axis).numpy(), x.prod(axis), rtol=1e-5)
+  np.testing.assert_allclose(t.logsumexp(axis).numpy(), np.log(np.exp(x).sum(axis)), rtol=1e-5)
+  assert (Tensor(x > 1).any(axis).numpy() == (x > 1).any(axis)).all()
+  assert (Tensor(x > -1).all(axis).numpy() == (x > -1).all(axis)).all()
+
+
+def test_argmax_argmin_take_the_first_of_ties() -> None:
+  ties = np.array([[1, 3, 3, 0], [2, 2, -1, -1]], np.int32)
+  assert Tensor(ties).argmax(1).tolist() == [1, 0] and Tensor(ties).argmin(1).tolist() == [3, 2]
+  assert Tensor(ties).argmax().item() == 1 and Tensor(ties).argmax(1).dtype == dtypes.int64
+  assert Tensor(x).argmax(0).tolist() == x.argmax(0).tolist()
+  unsigned = np.array([5, 0, 7, 0], np.uint8)
+  assert Tensor(unsigned).argmin().item() == 1
+
+
+def test_softmax_family_is_stable() -> None:
+  big = np.array([[1000.0, 1000.0, -1000.0], [-np.inf, 0.0, -np.inf]], np.float32)
+  np.testing.assert_allclose(Tensor(big).softmax(1).numpy(), [[0.5, 0.5, 0], [0, 1, 0]], atol=1e-7)
+  np.testing.assert_allclose(Tensor(big).log_softmax(1).numpy()[0, :2], np.log([0.5, 0.5]), rtol=1e-6)
+  assert Tensor(np.full(3, -np.inf, np.float32)).logsumexp().item() == -np.inf
+  e = np.exp(x - x.max(0))
+  np.testing.assert_allclose(Tensor(x).softmax(0).numpy(), e / e.sum(0), rtol=1e-5)
+
+
+def test_scans() -> None:
+  t = Tensor(x)
+  np.testing.assert_allclose(t.cumsum(1).numpy(), x.cumsum(1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(t.cumprod(0).numpy(), x.cumprod(0), rtol=1e-5)
+  values, indices = t.cummax(1)
+  np.testing.assert_array_equal(values.numpy(), np.maximum.accumulate(x, 1))
+  expected = np.array([[max(j for j in range(i + 1) if row[j] == np.maximum.accumulate(row)[i]) for i in range(6)]
+                       for row in x])
+  np.testing.assert_array_equal(indices.numpy(), expected)
+  np.testing.assert_array_equal(t.cummin(0).values.numpy(), np.minimum.accumulate(x, 0))
+  ints = np.array([3, -2, 5, -2], np.int32)
+  assert Tensor(ints).cumsum().tolist() == [3, 1, 6, 4] and Tensor(ints).cumsum().dtype == dtypes.int64
+
+
+def test_reduction_gradients() -> None:
+  with_zero = np.array([[1.0, 0.0, 3.0], [2.0, 5.0, 4.0], [0.0, 0.0, 2.0]])
+  t = Tensor(with_zero, requires_grad=True)
+  (grad,) = t.prod(1).sum().gradient(t)
+  np.testing.assert_allclose(grad.numpy(), [[0, 3, 0], [20, 8, 10], [0, 0, 0]])
+  v = Tensor(x.astype(np.float64), requires_grad=True)
+  (grad,) = v.var().gradient(v)
+  np.testing.assert_allclose(grad.numpy(), 2 * (x - x.mean()) / (x.size - 1), rtol=1e-6)
+  (grad,) = v.logsumexp(1).sum().gradient(v)
+  e = np.exp(x.astype(np.float64))
+  np.testing.assert_allclose(grad.numpy(), e / e.sum(1, keepdims=True), rtol=1e-6)
+  (grad,) = v.cumsum(1).sum().gradient(v)
+  np.testing.assert_allclose(grad.numpy(), np.tile(np.arange(6, 0, -1), (4, 1)))
