@@ -5,7 +5,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost, linearize
+from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost
+from rawgrad.compiler.codegen.lower import lower_kernel
+from rawgrad.compiler.codegen.opt.search import searched_opts
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.spec import verify_program
 from rawgrad.compiler.rangeify import ScheduleItem, buffer_base, create_schedule
@@ -31,6 +33,7 @@ class CompiledRunner:
   runtime: object
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
+  parallel: bool = False          # the kernel can be launched with cores > 1 (slice `core` of `cores` per call)
   cores: int = 1                  # slices of the parallel loop a launch runs on
 
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
@@ -59,7 +62,9 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
   key = (device, ast)
   if key not in _runners:
     compiled = Device[device]
-    program = linearize(ast)
+    lowered = lower_kernel(ast, searched_opts(ast, device))
+    program = lowered.program
+    if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
     if SPEC: verify_program(ast.arg, program)
     source = compiled.renderer.render(ast.arg, program)
     if DEBUG >= 4: print(source)
@@ -67,7 +72,9 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
     variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
     buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
     runtime = compiled.program_class(_symbol(ast.arg), obj)
-    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables)
+    cores = lowered.slices(compiled.cores)
+    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables,
+                                   lowered.parallel, cores)
   return _runners[key]
 
 

@@ -5,11 +5,17 @@ accumulator reset to its identity where it appears; STORE/LOAD on a DEFINE_REG u
 instruction computes its op from earlier instructions. The same UOp may appear more than once (say, a load both
 inside and after a loop): a use always refers to its most recent appearance, which the emitter guarantees is in
 scope. Loop-invariant instructions stay where they are first used; LLVM hoists them.
+
+REDUCEs over the same loops (the copies unrolling makes) run in one loop, each with its own accumulator; a sum of
+products accumulates with fused multiply-adds. A RANGE of kind "parallel" runs slice `core` of `cores` (the renderer
+computes the bounds). A staged local buffer (AFTER of a DEFINE_LOCAL and its copy stores) is filled by its own loops
+as soon as the loops it depends on are open, before the loops that read it.
 """
 from __future__ import annotations
 
 import itertools
 import math
+from collections import defaultdict
 from dataclasses import dataclass
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
@@ -24,10 +30,18 @@ def reduce_identity(op: Ops, dtype: DType) -> int | float | bool:
 
 
 class _Linearizer:
-  def __init__(self) -> None:
+  def __init__(self, sink: UOp) -> None:
     self.program: list[UOp] = []
     self.scopes: list[dict[UOp, UOp]] = [{}]
+    self.open_loops: list[UOp] = []
     self.registers = itertools.count()
+    # REDUCEs over the same loops (copies made by unrolling) share one loop, each with its own accumulator
+    self.reduces_by_loops: dict[tuple[UOp, ...], list[UOp]] = defaultdict(list)
+    self.needs: dict[UOp, set[UOp]] = {}
+    for node in sink.toposort:
+      if node.op is Ops.REDUCE:
+        self.reduces_by_loops[node.src[1:]].append(node)
+        self.needs[node] = _free_ranges(node)
 
   def lookup(self, node: UOp) -> UOp | None:
     for scope in reversed(self.scopes):
@@ -37,11 +51,13 @@ class _Linearizer:
   def emit(self, node: UOp) -> UOp:
     if (found := self.lookup(node)) is not None: return found
     if node.op is Ops.RANGE: raise ValueError(f"range r{node.arg[0]} is used outside its loop")
-    if node.op is Ops.REDUCE: instruction = self.emit_reduce(node)
-    else:
-      sources = tuple(self.emit(source) for source in node.src)
-      instruction = node if sources == node.src else node.replace(src=sources)
-      self.program.append(instruction)
+    if node.op is Ops.REDUCE:
+      self.emit_reduce_group(node)
+      return self.scopes[-1][node]
+    if node.op is Ops.AFTER: return self.emit_staging(node)
+    sources = tuple(self.emit(source) for source in node.src)
+    instruction = node if sources == node.src else node.replace(src=sources)
+    self.program.append(instruction)
     self.scopes[-1][node] = instruction
     return instruction
 
@@ -50,42 +66,133 @@ class _Linearizer:
     instruction = loop if end is loop.src[0] else loop.replace(src=(end,))
     self.program.append(instruction)
     self.scopes.append({loop: instruction})
+    self.open_loops.append(loop)
 
   def close_loop(self, loop: UOp) -> None:
     self.program.append(UOp(Ops.END, dtypes.void, (self.scopes[-1][loop],)))
     self.scopes.pop()
+    self.open_loops.pop()
 
-  def emit_reduce(self, node: UOp) -> UOp:
-    body, loops = node.src[0], node.src[1:]
-    register = UOp(Ops.DEFINE_REG, node.dtype, arg=(next(self.registers), reduce_identity(node.arg, node.dtype)))
-    self.program.append(register)
+  def emit_staging(self, node: UOp) -> UOp:
+    """AFTER(DEFINE_LOCAL, *copy stores): the copy loops, run where the buffer is first needed; its value is the
+    local buffer."""
+    local = self.emit(node.src[0])
+    loops = sorted({r for store in node.src[1:] for r in store.toposort if r.op is Ops.RANGE and r.arg[1] == "stage"},
+                   key=lambda r: r.arg[0])
     for loop in loops: self.open_loop(loop)
-    value = self.emit(body)
-    current = UOp(Ops.LOAD, node.dtype, (register,))
-    updated = UOp(node.arg if node.dtype != dtypes.bool else Ops.OR, node.dtype, (current, value))
-    self.program.extend([current, updated, UOp(Ops.STORE, dtypes.void, (register, updated))])
+    for store in node.src[1:]: self.emit(store)
     for loop in reversed(loops): self.close_loop(loop)
-    result = UOp(Ops.LOAD, node.dtype, (register,))
-    self.program.append(result)
-    return result
+    self.scopes[-1][node] = local
+    return local
+
+  def emit_ready_stagings(self, pending: list[UOp]) -> None:
+    """Copy into a local buffer as soon as the loops it depends on are open (not inside the loops that read it)."""
+    for node in list(pending):
+      if self.lookup(node) is None and _free_ranges(node) - {r for r in _free_ranges(node) if r.arg[1] == "stage"} \
+          <= set(self.open_loops):
+        self.emit(node)
+        pending.remove(node)
+
+  def reduce_group(self, node: UOp) -> list[UOp]:
+    """The REDUCEs that run in one loop with `node`: same loops, not yet computed, computable here, independent."""
+    group = [node]
+    for other in self.reduces_by_loops[node.src[1:]]:
+      if other is node or self.lookup(other) is not None or not self.needs[other] <= set(self.open_loops): continue
+      if any(other in member.toposort or member in other.toposort for member in group): continue
+      group.append(other)
+    return group
+
+  def emit_reduce_group(self, node: UOp) -> None:
+    loops = node.src[1:]
+    group = self.reduce_group(node)
+    # reductions the bodies need that do not depend on these loops run before them, not once per iteration
+    for member in group:
+      for inner in member.src[0].toposort:
+        if inner.op is Ops.REDUCE and self.lookup(inner) is None and not set(loops) & set(inner.toposort):
+          self.emit(inner)
+    registers = []
+    for member in group:
+      identity = reduce_identity(member.arg, member.dtype.scalar)
+      registers.append(UOp(Ops.DEFINE_REG, member.dtype, arg=(next(self.registers), identity)))
+    self.program.extend(registers)
+    for loop in loops: self.open_loop(loop)
+    for member, register in zip(group, registers): self.accumulate(member, register)
+    for loop in reversed(loops): self.close_loop(loop)
+    for member, register in zip(group, registers):
+      result = UOp(Ops.LOAD, member.dtype, (register,))
+      self.program.append(result)
+      self.scopes[-1][member] = result
+
+  def accumulate(self, node: UOp, register: UOp) -> None:
+    body = node.src[0]
+    current = UOp(Ops.LOAD, node.dtype, (register,))
+    fused = node.arg is Ops.ADD and dtypes.is_float(node.dtype.scalar)
+    if fused and body.op is Ops.MUL:
+      # a sum of products accumulates with fused multiply-adds
+      a, b = (self.emit(source) for source in body.src)
+      self.program.append(current)
+      updated = UOp(Ops.MULACC, node.dtype, (a, b, current))
+    elif fused and body.op is Ops.WHERE and body.src[1].op is Ops.MUL and _is_zero(body.src[2]):
+      # a product where a condition holds (a masked tail, padding): accumulate with a fused multiply-add, or keep
+      condition, a, b = self.emit(body.src[0]), *(self.emit(source) for source in body.src[1].src)
+      self.program.append(current)
+      product = UOp(Ops.MULACC, node.dtype, (a, b, current))
+      self.program.append(product)
+      updated = UOp(Ops.WHERE, node.dtype, (condition, product, current))
+    else:
+      value = self.emit(body)
+      self.program.append(current)
+      updated = UOp(node.arg if node.dtype.scalar != dtypes.bool else Ops.OR, node.dtype, (current, value))
+    self.program.extend([updated, UOp(Ops.STORE, dtypes.void, (register, updated))])
 
 
-def output_loops(store: UOp) -> list[UOp]:
-  """The loops around a store: every range it uses outside a reduction, outermost (lowest axis) first."""
+def _is_zero(node: UOp) -> bool:
+  if node.op is Ops.VECTORIZE: return all(_is_zero(source) for source in node.src)
+  if node.op is not Ops.CONST: return False
+  return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
+
+
+def _free_ranges(node: UOp) -> set[UOp]:
+  """The ranges a node needs open around it: all it uses except the loops of reductions inside it and of the
+  staged copies it reads (those run before it)."""
+  nodes = _nodes_outside_stagings(node) if node.op is not Ops.AFTER else list(node.toposort)
+  used = {n for n in nodes if n.op is Ops.RANGE}
+  own = {r for n in nodes if n.op is Ops.REDUCE for r in n.src[1:]}
+  return used - own
+
+
+def _nodes_outside_stagings(root: UOp) -> list[UOp]:
+  seen: dict[UOp, None] = {}
+  stack = [root]
+  while stack:
+    node = stack.pop()
+    if node in seen: continue
+    seen[node] = None
+    if node.op is not Ops.AFTER: stack.extend(node.src)
+  return list(seen)
+
+
+def output_loops(sink: UOp) -> list[UOp]:
+  """The loops around the stores: every range used outside a reduction, in loop order (by id; the parallel loop, if
+  any, has the lowest)."""
   inner: set[UOp] = set()
-  for node in store.toposort:
+  for node in sink.toposort:
     if node.op is Ops.REDUCE: inner.update(node.src[1:])
-  return sorted((n for n in store.toposort if n.op is Ops.RANGE and n not in inner), key=lambda r: r.arg[0])
+  return sorted((n for n in sink.toposort if n.op is Ops.RANGE and n not in inner and n.arg[1] != "stage"),
+                key=lambda r: r.arg[0])
 
 
 def linearize(ast: UOp) -> list[UOp]:
-  """The linear program of a kernel (a SINK of STOREs)."""
-  linearizer = _Linearizer()
-  for store in ast.src:
-    loops = output_loops(store)
-    for loop in loops: linearizer.open_loop(loop)
-    linearizer.emit(store)
-    for loop in reversed(loops): linearizer.close_loop(loop)
+  """The linear program of a kernel (a SINK of STOREs, all inside the same output loops)."""
+  linearizer = _Linearizer(ast)
+  loops = output_loops(ast)
+  stagings = [node for node in ast.toposort if node.op is Ops.AFTER]
+  linearizer.emit_ready_stagings(stagings)
+  for loop in loops:
+    linearizer.open_loop(loop)
+    linearizer.emit_ready_stagings(stagings)
+  for store in ast.src: linearizer.emit(store)
+  for loop in reversed(loops): linearizer.close_loop(loop)
   return linearizer.program
 
 
@@ -95,22 +202,35 @@ class KernelCost:
   bytes_moved: int
 
 
+# program id -> (the program, kept so its id stays unique; {variable values: cost})
+_costs: dict[int, tuple[list[UOp], dict[tuple, KernelCost]]] = {}
+
+
 def estimate_cost(program: list[UOp], var_values: dict[UOp, int] | None = None) -> KernelCost:
-  """ALU operations executed (each counted once per loop iteration) and bytes of global memory touched."""
+  """ALU operations executed (each counted once per loop iteration, once per vector lane, twice for a fused
+  multiply-add) and bytes of global memory touched. Remembered per program and variable values: a runtime asks on
+  every launch."""
   var_values = var_values or {}
+  key = tuple(sorted((variable.arg[0], value) for variable, value in var_values.items()))
+  _, known = _costs.setdefault(id(program), (program, {}))
+  if key not in known: known[key] = _count_cost(program, var_values)
+  return known[key]
+
+
+def _count_cost(program: list[UOp], var_values: dict[UOp, int]) -> KernelCost:
   multipliers, flops, touched = [1], 0, {}
   for instruction in program:
     if instruction.op is Ops.RANGE: multipliers.append(multipliers[-1] * _evaluate_size(instruction.src[0], var_values))
     elif instruction.op is Ops.END: multipliers.pop()
-    elif instruction.op in GroupOp.ALU and instruction.dtype != dtypes.index and not _is_index_math(instruction):
-      flops += multipliers[-1]
+    elif instruction.op in GroupOp.ALU and instruction.dtype.scalar != dtypes.index and not _is_index_math(instruction):
+      flops += multipliers[-1] * instruction.dtype.count * (2 if instruction.op is Ops.MULACC else 1)
     elif instruction.op is Ops.DEFINE_GLOBAL:
       touched[instruction.arg] = instruction.dtype.size * instruction.dtype.base.itemsize
   return KernelCost(flops, sum(touched.values()))
 
 
 def _is_index_math(instruction: UOp) -> bool:
-  return instruction.op in GroupOp.Comparison and any(s.dtype == dtypes.index for s in instruction.src)
+  return instruction.op in GroupOp.Comparison and any(s.dtype.scalar == dtypes.index for s in instruction.src)
 
 
 def _evaluate_size(node: UOp, var_values: dict[UOp, int]) -> int:

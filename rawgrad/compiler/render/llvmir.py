@@ -1,6 +1,7 @@
 """Render a linear program as LLVM IR text (for the host CPU through llvmlite)."""
 from __future__ import annotations
 
+import math
 import re
 import struct
 
@@ -15,12 +16,18 @@ _UNARY_INTRINSICS = {Ops.EXP2: "exp2", Ops.LOG2: "log2", Ops.SIN: "sin", Ops.SQR
 
 
 def llvm_type(dtype: DType | PtrDType, in_memory: bool = False) -> str:
+  """The LLVM type of a value (a vector type for a vector dtype); booleans are i8 in memory and i1 in registers."""
   if isinstance(dtype, PtrDType): return "ptr"
-  if dtype == dtypes.bool and in_memory: return "i8"
-  return _LLVM_TYPES[dtype.name]
+  scalar = "i8" if dtype.scalar == dtypes.bool and in_memory else _LLVM_TYPES[dtype.name]
+  return f"<{dtype.count} x {scalar}>" if dtype.count > 1 else scalar
 
 
 def llvm_constant(value: object, dtype: DType) -> str:
+  """A constant of the dtype; for a vector dtype, value is the tuple of its lanes or one value for every lane."""
+  if dtype.count > 1:
+    lanes = value if isinstance(value, tuple) else (value,) * dtype.count
+    scalar = dtype.scalar
+    return "<" + ", ".join(f"{llvm_type(scalar)} {llvm_constant(lane, scalar)}" for lane in lanes) + ">"
   if dtype == dtypes.bool: return "true" if value else "false"
   if dtypes.is_int(dtype):
     bits = 8 * dtype.itemsize
@@ -61,6 +68,7 @@ class _FunctionWriter:
     self.allocas: list[str] = []
     self.declarations: set[str] = set()
     self.counter = 0
+    self.streams = False
 
   def fresh(self, hint: str = "v") -> str:
     self.counter += 1
@@ -68,6 +76,8 @@ class _FunctionWriter:
 
   def value(self, node: UOp) -> str:
     if node.op is Ops.CONST: return llvm_constant(node.arg, node.dtype)
+    if node.op is Ops.VECTORIZE and node not in self.names and all(s.op is Ops.CONST for s in node.src):
+      return llvm_constant(tuple(s.arg for s in node.src), node.dtype)
     if node not in self.names: raise ValueError(f"LLVM renderer: {node.op} is used before it is computed")
     return self.names[node]
 
@@ -86,10 +96,14 @@ class _FunctionWriter:
     for instruction in self.program: self.instruction(instruction)
     signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {self.names[v]}" for v in variables]
     signature += ["i64 %core", "i64 %cores"]
+    # non-temporal stores are weakly ordered: make them visible before whoever waits for the kernel reads them
+    fence = "\n  fence seq_cst" if self.streams else ""
     body = "\n".join(self.allocas + self.lines)
     declarations = "\n".join(sorted(self.declarations))
-    kernel = (f"define internal void @{self.name}.body({', '.join(signature)}) #0 {{\nentry:\n{body}\n  ret void\n}}\n")
-    return f"{declarations}\n\n{kernel}\n{self.entry_point(params, variables)}\n" \
+    kernel = (f"define internal void @{self.name}.body({', '.join(signature)}) #0 {{\nentry:\n{body}{fence}\n"
+              "  ret void\n}\n")
+    metadata = "!0 = !{i32 1}\n" if self.streams else ""
+    return f"{declarations}\n\n{kernel}\n{self.entry_point(params, variables)}\n{metadata}" \
            'attributes #0 = { nounwind alwaysinline "frame-pointer"="none" }\n' \
            'attributes #1 = { nounwind "frame-pointer"="none" }\n'
 
@@ -126,12 +140,21 @@ class _FunctionWriter:
     label = self.fresh("loop")[1:]
     counter = f"%{label}.i"
     self.names[node] = counter
+    start, end = "0", self.value(node.src[0])
+    if node.arg[1] == "parallel":
+      # slice `core` of `cores`: iterations [size*core/cores, size*(core+1)/cores)
+      self.emit(f"%{label}.scaled = mul i64 {end}, %core")
+      self.emit(f"%{label}.start = udiv i64 %{label}.scaled, %cores")
+      self.emit(f"%{label}.core1 = add i64 %core, 1")
+      self.emit(f"%{label}.scaled1 = mul i64 {end}, %{label}.core1")
+      self.emit(f"%{label}.end = udiv i64 %{label}.scaled1, %cores")
+      start, end = f"%{label}.start", f"%{label}.end"
     self.emit(f"br label %{label}.pre")
     self.lines.append(f"{label}.pre:")
     self.emit(f"br label %{label}.head")
     self.lines.append(f"{label}.head:")
-    self.emit(f"{counter} = phi i64 [0, %{label}.pre], [{counter}.next, %{label}.latch]")
-    self.emit(f"{counter}.ok = icmp slt i64 {counter}, {self.value(node.src[0])}")
+    self.emit(f"{counter} = phi i64 [{start}, %{label}.pre], [{counter}.next, %{label}.latch]")
+    self.emit(f"{counter}.ok = icmp slt i64 {counter}, {end}")
     self.emit(f"br i1 {counter}.ok, label %{label}.body, label %{label}.exit")
     self.lines.append(f"{label}.body:")
 
@@ -150,9 +173,15 @@ class _FunctionWriter:
     self.allocas.append(f"  {register} = alloca {llvm_type(node.dtype)}")
     self.emit(f"store {llvm_type(node.dtype)} {llvm_constant(node.arg[1], node.dtype)}, ptr {register}")
 
+  def op_define_local(self, node: UOp) -> None:
+    register = f"%local{node.arg}"
+    self.names[node] = register
+    self.allocas.append(f"  {register} = alloca [{node.dtype.size} x {llvm_type(node.dtype.base, in_memory=True)}], "
+                        "align 64")
+
   def op_index(self, node: UOp) -> None:
     buffer, index = node.src[0], self.value(node.src[1])
-    if len(node.src) > 2:
+    if len(node.src) > 2 and node.src[2].dtype.count == 1:
       # an invalid (padded) access reads element 0 instead, and the load replaces the value by 0
       safe = self.fresh("safe")
       self.emit(f"{safe} = select i1 {self.value(node.src[2])}, i64 {index}, i64 0")
@@ -165,13 +194,20 @@ class _FunctionWriter:
     if pointer.op is Ops.DEFINE_REG:
       self.define(node, f"load {llvm_type(node.dtype)}, ptr {self.value(pointer)}")
       return
-    stored = llvm_type(node.dtype, in_memory=True)
-    loaded = self.define(node, f"load {stored}, ptr {self.value(pointer)}, align {node.dtype.itemsize}")
-    if node.dtype == dtypes.bool: loaded = self.define(node, f"icmp ne i8 {loaded}, 0")
-    if len(pointer.src) > 2:
-      zero = llvm_constant(0, node.dtype)
-      self.define(node, f"select i1 {self.value(pointer.src[2])}, {llvm_type(node.dtype)} {loaded}, "
-                        f"{llvm_type(node.dtype)} {zero}")
+    stored, gate = llvm_type(node.dtype, in_memory=True), pointer.src[2] if len(pointer.src) > 2 else None
+    align = node.dtype.itemsize
+    if gate is not None and gate.dtype.count > 1:
+      # lanes whose gate is false touch no memory and read 0
+      function = self.masked("load", node.dtype)
+      loaded = self.define(node, f"call {stored} {function}(ptr align {align} {self.value(pointer)}, "
+                                 f"{llvm_type(gate.dtype)} {self.value(gate)}, {stored} zeroinitializer)")
+    else:
+      loaded = self.define(node, f"load {stored}, ptr {self.value(pointer)}, align {align}")
+    if node.dtype.scalar == dtypes.bool: loaded = self.define(node, f"icmp ne {stored} {loaded}, zeroinitializer"
+                                                             if node.dtype.count > 1 else f"icmp ne i8 {loaded}, 0")
+    if gate is not None and gate.dtype.count == 1:
+      t = llvm_type(node.dtype)
+      self.define(node, f"select i1 {self.value(gate)}, {t} {loaded}, {t} {llvm_constant(0, node.dtype)}")
 
   def op_store(self, node: UOp) -> None:
     pointer, value = node.src
@@ -180,16 +216,87 @@ class _FunctionWriter:
     if pointer.op is Ops.DEFINE_REG:
       self.emit(f"store {llvm_type(dtype)} {text}, ptr {self.value(pointer)}")
       return
-    if dtype == dtypes.bool:
+    if dtype.scalar == dtypes.bool:
       widened = self.fresh()
-      self.emit(f"{widened} = zext i1 {text} to i8")
+      self.emit(f"{widened} = zext {llvm_type(dtype)} {text} to {llvm_type(dtype, in_memory=True)}")
       text = widened
-    self.emit(f"store {llvm_type(dtype, in_memory=True)} {text}, ptr {self.value(pointer)}, align {dtype.itemsize}")
+    stored, gate = llvm_type(dtype, in_memory=True), pointer.src[2] if len(pointer.src) > 2 else None
+    address = self.value(pointer)
+    if gate is not None and gate.dtype.count > 1:
+      function = self.masked("store", dtype)
+      self.emit(f"call void {function}({stored} {text}, ptr align {dtype.itemsize} {address}, "
+                f"{llvm_type(gate.dtype)} {self.value(gate)})")
+      return
+    if node.arg == "stream" and gate is None and _streamable(dtype):
+      self.stream_store(stored, text, address, dtype.nbytes)
+      return
+    if gate is not None:
+      # an invalid (out of range) element is not written at all
+      label = self.fresh("store")[1:]
+      self.emit(f"br i1 {self.value(gate)}, label %{label}.do, label %{label}.done")
+      self.lines.append(f"{label}.do:")
+      self.emit(f"store {stored} {text}, ptr {address}, align {dtype.itemsize}")
+      self.emit(f"br label %{label}.done")
+      self.lines.append(f"{label}.done:")
+      return
+    self.emit(f"store {stored} {text}, ptr {address}, align {dtype.itemsize}")
+
+  def stream_store(self, stored: str, text: str, address: str, nbytes: int) -> None:
+    """A non-temporal store (it bypasses the caches) where the address is aligned to the vector, a plain one
+    elsewhere. Streamed stores are ordered with a fence before the kernel returns."""
+    label = self.fresh("stream")[1:]
+    self.emit(f"%{label}.address = ptrtoint ptr {address} to i64")
+    self.emit(f"%{label}.offset = and i64 %{label}.address, {nbytes - 1}")
+    self.emit(f"%{label}.aligned = icmp eq i64 %{label}.offset, 0")
+    self.emit(f"br i1 %{label}.aligned, label %{label}.fast, label %{label}.plain")
+    self.lines.append(f"{label}.fast:")
+    self.emit(f"store {stored} {text}, ptr {address}, align {nbytes}, !nontemporal !0")
+    self.emit(f"br label %{label}.done")
+    self.lines.append(f"{label}.plain:")
+    self.emit(f"store {stored} {text}, ptr {address}, align 1")
+    self.emit(f"br label %{label}.done")
+    self.lines.append(f"{label}.done:")
+    self.streams = True
+
+  def masked(self, what: str, dtype: DType) -> str:
+    stored = llvm_type(dtype, in_memory=True)
+    mask = f"<{dtype.count} x i1>"
+    name = f"@llvm.masked.{what}.{_vector_suffix(dtype, in_memory=True)}.p0"
+    if what == "load": self.declarations.add(f"declare {stored} {name}(ptr, {mask}, {stored})")
+    else: self.declarations.add(f"declare void {name}({stored}, ptr, {mask})")
+    return name
+
+  # *** vectors ***
+
+  def op_vectorize(self, node: UOp) -> None:
+    t, scalar = llvm_type(node.dtype), llvm_type(node.dtype.scalar)
+    if all(source.op is Ops.CONST for source in node.src):
+      self.names[node] = llvm_constant(tuple(source.arg for source in node.src), node.dtype)
+      return
+    if all(source is node.src[0] for source in node.src):
+      single = self.fresh()
+      self.emit(f"{single} = insertelement <1 x {scalar}> poison, {scalar} {self.value(node.src[0])}, i64 0")
+      self.define(node, f"shufflevector <1 x {scalar}> {single}, <1 x {scalar}> poison, "
+                        f"<{node.dtype.count} x i32> zeroinitializer")
+      return
+    current = "poison"
+    for lane, source in enumerate(node.src):
+      current = self.define(node, f"insertelement {t} {current}, {scalar} {self.value(source)}, i64 {lane}")
+
+  def op_gep(self, node: UOp) -> None:
+    source = node.src[0]
+    t = llvm_type(source.dtype)
+    if len(node.arg) == 1:
+      self.define(node, f"extractelement {t} {self.value(source)}, i64 {node.arg[0]}")
+      return
+    mask = ", ".join(f"i32 {lane}" for lane in node.arg)
+    self.define(node, f"shufflevector {t} {self.value(source)}, {t} poison, <{len(node.arg)} x i32> <{mask}>")
 
   def op_where(self, node: UOp) -> None:
     condition, a, b = node.src
     t = llvm_type(node.dtype)
-    self.define(node, f"select i1 {self.value(condition)}, {t} {self.value(a)}, {t} {self.value(b)}")
+    self.define(node, f"select {llvm_type(condition.dtype)} {self.value(condition)}, {t} {self.value(a)}, "
+                      f"{t} {self.value(b)}")
 
   def op_mulacc(self, node: UOp) -> None:
     a, b, c = (self.value(s) for s in node.src)
@@ -207,12 +314,100 @@ class _FunctionWriter:
 
   def unary_intrinsic(self, node: UOp) -> None:
     t = llvm_type(node.dtype)
+    if node.op in (Ops.EXP2, Ops.LOG2) and node.dtype.count > 1 and node.dtype.scalar in (dtypes.float32,
+                                                                                           dtypes.float16):
+      self.names[node] = (self.vector_exp2 if node.op is Ops.EXP2 else self.vector_log2)(node)
+      return
     function = self.intrinsic(_UNARY_INTRINSICS[node.op], node.dtype, 1)
     self.define(node, f"call {t} {function}({t} {self.value(node.src[0])})")
 
+  # *** exp2 and log2 of whole vectors ***
+  # LLVM would call libm once per lane. These compute in double precision (errors below 1e-13) and round once to
+  # the result type, so they agree with a correctly rounded function except in the rarest near-ties.
+
+  def vector_exp2(self, node: UOp) -> str:
+    """2^x = 2^n * 2^f with n = round(x), |f| <= 1/2: a Taylor polynomial for 2^f, the exponent bits for 2^n."""
+    x, count = self.value(node.src[0]), node.dtype.count
+    t, d, i = llvm_type(node.dtype), f"<{count} x double>", f"<{count} x i64>"
+    wide = self.double_of(x, node.dtype)
+    # |x| > 160 over- or underflows every narrower type; the clamp keeps 2^n a normal double (nan stays nan)
+    low = self.emit_value(f"fcmp olt {d} {wide}, {self.splat_double(-160.0, count)}")
+    wide = self.emit_value(f"select <{count} x i1> {low}, {d} {self.splat_double(-160.0, count)}, {d} {wide}")
+    high = self.emit_value(f"fcmp ogt {d} {wide}, {self.splat_double(160.0, count)}")
+    wide = self.emit_value(f"select <{count} x i1> {high}, {d} {self.splat_double(160.0, count)}, {d} {wide}")
+    rounded = self.emit_value(f"call {d} {self.intrinsic('roundeven', dtypes.float64.vec(count), 1)}({d} {wide})")
+    fraction = self.emit_value(f"fsub {d} {wide}, {rounded}")
+    polynomial = self.horner([math.log(2) ** k / math.factorial(k) for k in range(12)], fraction, count)
+    integer = self.emit_value(f"fptosi {d} {rounded} to {i}")
+    biased = self.emit_value(f"add {i} {integer}, {self.splat_integer(1023, count)}")
+    bits = self.emit_value(f"shl {i} {biased}, {self.splat_integer(52, count)}")
+    scale = self.emit_value(f"bitcast {i} {bits} to {d}")
+    result = self.emit_value(f"fmul {d} {polynomial}, {scale}")
+    narrow = self.emit_value(f"fptrunc {d} {result} to {t}")
+    is_nan = self.emit_value(f"fcmp uno {t} {x}, {x}")
+    return self.emit_value(f"select <{count} x i1> {is_nan}, {t} {x}, {t} {narrow}")
+
+  def vector_log2(self, node: UOp) -> str:
+    """log2(x) = e + ln(m)/ln(2) with x = m * 2^e, sqrt(1/2) <= m < sqrt(2), and ln(m) = 2*atanh(s) as a series in
+    s = (m-1)/(m+1). Zero, negative, infinite and nan inputs are set apart at the end."""
+    x, count = self.value(node.src[0]), node.dtype.count
+    t, d, i = llvm_type(node.dtype), f"<{count} x double>", f"<{count} x i64>"
+    wide = self.double_of(x, node.dtype)  # float32 subnormals are normal doubles
+    bits = self.emit_value(f"bitcast {d} {wide} to {i}")
+    shifted = self.emit_value(f"lshr {i} {bits}, {self.splat_integer(52, count)}")
+    exponent_bits = self.emit_value(f"and {i} {shifted}, {self.splat_integer(2047, count)}")
+    exponent = self.emit_value(f"sub {i} {exponent_bits}, {self.splat_integer(1023, count)}")
+    mantissa_bits = self.emit_value(f"and {i} {bits}, {self.splat_integer((1 << 52) - 1, count)}")
+    one_bits = self.emit_value(f"or {i} {mantissa_bits}, {self.splat_integer(1023 << 52, count)}")
+    mantissa = self.emit_value(f"bitcast {i} {one_bits} to {d}")
+    big = self.emit_value(f"fcmp ogt {d} {mantissa}, {self.splat_double(math.sqrt(2), count)}")
+    halved = self.emit_value(f"fmul {d} {mantissa}, {self.splat_double(0.5, count)}")
+    mantissa = self.emit_value(f"select <{count} x i1> {big}, {d} {halved}, {d} {mantissa}")
+    bumped = self.emit_value(f"add {i} {exponent}, {self.splat_integer(1, count)}")
+    exponent = self.emit_value(f"select <{count} x i1> {big}, {i} {bumped}, {i} {exponent}")
+    above = self.emit_value(f"fsub {d} {mantissa}, {self.splat_double(1.0, count)}")
+    below = self.emit_value(f"fadd {d} {mantissa}, {self.splat_double(1.0, count)}")
+    ratio = self.emit_value(f"fdiv {d} {above}, {below}")
+    square = self.emit_value(f"fmul {d} {ratio}, {ratio}")
+    series = self.horner([2 / ((2 * k + 1) * math.log(2)) for k in range(10)], square, count)
+    logarithm = self.emit_value(f"fmul {d} {series}, {ratio}")
+    exponent_value = self.emit_value(f"sitofp {i} {exponent} to {d}")
+    result = self.emit_value(f"fadd {d} {exponent_value}, {logarithm}")
+    narrow = self.emit_value(f"fptrunc {d} {result} to {t}")
+    zero, infinity = llvm_constant(0.0, node.dtype), llvm_constant(math.inf, node.dtype)
+    cases = [("fcmp oeq", zero, llvm_constant(-math.inf, node.dtype)), ("fcmp olt", zero, llvm_constant(math.nan,
+             node.dtype)), ("fcmp oeq", infinity, infinity), ("fcmp uno", x, x)]
+    for compare, against, value in cases:
+      hit = self.emit_value(f"{compare} {t} {x}, {against}")
+      narrow = self.emit_value(f"select <{count} x i1> {hit}, {t} {value if value != x else x}, {t} {narrow}")
+    return narrow
+
+  def horner(self, coefficients: list[float], x: str, count: int) -> str:
+    """sum(coefficients[k] * x^k) by Horner's rule with fused multiply-adds, in double precision."""
+    d = f"<{count} x double>"
+    fma = self.intrinsic("fma", dtypes.float64.vec(count), 3)
+    result = self.splat_double(coefficients[-1], count)
+    for coefficient in reversed(coefficients[:-1]):
+      result = self.emit_value(f"call {d} {fma}({d} {result}, {d} {x}, {d} {self.splat_double(coefficient, count)})")
+    return result
+
+  def double_of(self, value: str, dtype: DType) -> str:
+    return self.emit_value(f"fpext {llvm_type(dtype)} {value} to <{dtype.count} x double>")
+
+  def splat_double(self, value: float, count: int) -> str:
+    return llvm_constant(value, dtypes.float64.vec(count))
+
+  def splat_integer(self, value: int, count: int) -> str:
+    return llvm_constant(value, dtypes.int64.vec(count))
+
+  def emit_value(self, text: str) -> str:
+    name = self.fresh("m")
+    self.emit(f"{name} = {text}")
+    return name
+
   def intrinsic(self, base: str, dtype: DType, arity: int) -> str:
     t = llvm_type(dtype)
-    name = f"@llvm.{base}.{_INTRINSIC_SUFFIX[dtype.name]}"
+    name = f"@llvm.{base}.{_vector_suffix(dtype)}"
     self.declarations.add(f"declare {t} {name}({', '.join([t] * arity)})")
     return name
 
@@ -224,12 +419,12 @@ class _FunctionWriter:
       if dtypes.is_float(dtype):
         self.define(node, f"call {t} {self.intrinsic('maximum', dtype, 2)}({t} {x}, {t} {y})")
         return
-      if dtype == dtypes.bool:
-        self.define(node, f"or i1 {x}, {y}")
+      if dtype.scalar == dtypes.bool:
+        self.define(node, f"or {t} {x}, {y}")
         return
       bigger = self.fresh()
       self.emit(f"{bigger} = icmp {'sgt' if _is_signed(dtype) else 'ugt'} {t} {x}, {y}")
-      self.define(node, f"select i1 {bigger}, {t} {x}, {t} {y}")
+      self.define(node, f"select {llvm_type(dtypes.bool.vec(dtype.count))} {bigger}, {t} {x}, {t} {y}")
       return
     if node.op is Ops.CMPLT:
       if dtypes.is_float(dtype): self.define(node, f"fcmp olt {t} {x}, {y}")
@@ -246,11 +441,12 @@ class _FunctionWriter:
 
   def op_cast(self, node: UOp) -> None:
     source, value = node.src[0].dtype, self.value(node.src[0])
-    if {source, node.dtype} == {dtypes.float16, dtypes.bfloat16}:
+    if {source.scalar, node.dtype.scalar} == {dtypes.float16, dtypes.bfloat16}:
       # no instruction converts between the two 16-bit formats; float holds both exactly
       widened = self.fresh()
-      self.emit(f"{widened} = fpext {llvm_type(source)} {value} to float")
-      source, value = dtypes.float32, widened
+      wide = dtypes.float32.vec(source.count)
+      self.emit(f"{widened} = fpext {llvm_type(source)} {value} to {llvm_type(wide)}")
+      source, value = wide, widened
     self.define(node, _cast_text(value, source, node.dtype))
 
   def op_bitcast(self, node: UOp) -> None:
@@ -269,11 +465,12 @@ _BINARY = {
 
 def _cast_text(value: str, source: DType, target: DType) -> str:
   from_type, to_type = llvm_type(source), llvm_type(target)
-  if target == dtypes.bool:
-    if dtypes.is_float(source): return f"fcmp une {from_type} {value}, {llvm_constant(0.0, source)}"
-    return f"icmp ne {from_type} {value}, 0"
+  if target.scalar == dtypes.bool:
+    return f"{'fcmp une' if dtypes.is_float(source.scalar) else 'icmp ne'} {from_type} {value}, zeroinitializer"
+  source, target = source.scalar, target.scalar
   if source == dtypes.bool:
-    return f"uitofp i1 {value} to {to_type}" if dtypes.is_float(target) else f"zext i1 {value} to {to_type}"
+    return f"uitofp {from_type} {value} to {to_type}" if dtypes.is_float(target) else \
+      f"zext {from_type} {value} to {to_type}"
   if dtypes.is_float(source) and dtypes.is_float(target):
     if from_type == to_type: return f"bitcast {from_type} {value} to {to_type}"
     widening = _float_bits(target) > _float_bits(source)
@@ -286,6 +483,19 @@ def _cast_text(value: str, source: DType, target: DType) -> str:
   if from_bits == to_bits: return f"bitcast {from_type} {value} to {to_type}"
   if from_bits > to_bits: return f"trunc {from_type} {value} to {to_type}"
   return f"{'sext' if _is_signed(source) else 'zext'} {from_type} {value} to {to_type}"
+
+
+def _vector_suffix(dtype: DType, in_memory: bool = False) -> str:
+  """The type suffix of an intrinsic's name: f32, v16f32, v16i8, ..."""
+  if dtypes.is_float(dtype.scalar): scalar = _INTRINSIC_SUFFIX[dtype.scalar.name]
+  elif dtype.scalar == dtypes.bool: scalar = "i8" if in_memory else "i1"
+  else: scalar = f"i{8 * dtype.itemsize}"
+  return f"v{dtype.count}{scalar}" if dtype.count > 1 else scalar
+
+
+def _streamable(dtype: DType) -> bool:
+  """A vector the CPU can store non-temporally: a power of two of at least 16 bytes."""
+  return dtype.count > 1 and dtype.nbytes >= 16 and dtype.nbytes & (dtype.nbytes - 1) == 0 and dtype.nbytes <= 64
 
 
 def _float_bits(dtype: DType) -> int:

@@ -1,0 +1,259 @@
+"""Expand a kernel's upcast and unroll ranges into vectors and copies.
+
+After the opts, a kernel may have one upcast range (its W iterations become the W lanes of a vector) and unroll
+ranges (each iteration becomes a copy of the code). `expand` removes them: every value that depends on the upcast
+range becomes a W-lane vector, every value that depends on unroll ranges is built once per combination of their
+values, a STORE once per combination.
+
+- A load whose index moves by 1 from lane to lane is one vector load (masked where its gate is a vector); one whose
+  index does not depend on the lanes is a scalar load; any other is gathered lane by lane.
+- A store likewise: one vector store, or one scalar store per lane.
+- A staged local buffer (AFTER(DEFINE_LOCAL, copy STORE)) holds every copy and lane: its copy store is expanded like
+  any store, once.
+- A REDUCE keeps its loop ranges. Its unrolled reduce ranges become separate accumulators (one REDUCE per copy, all
+  over the same loops, so the linearizer runs them in one loop) combined after the loop; when the vector axis is
+  reduced, the accumulator is a vector whose lanes are combined after the loop in a tree of halving shuffles.
+
+After expand: no RANGE of kind upcast or unroll; values are scalars or W-lane vectors; GEP picks lanes of a vector
+(arg: the lanes), VECTORIZE builds one from scalars; a vector CONST's arg is the tuple of its lanes.
+"""
+from __future__ import annotations
+
+import itertools
+
+from rawgrad.compiler.codegen.opt.kernel import LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, range_kind
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rewrite import substitute
+from rawgrad.compiler.symbolic import simplify
+from rawgrad.dtype import dtypes
+
+
+def expand(ast: UOp) -> UOp:
+  """The kernel with its upcast range turned into vector lanes and its unroll ranges into copies."""
+  ranges = all_ranges(ast)
+  if not any(range_kind(r) in (UPCAST, UNROLL) for r in ranges): return ast
+  ast = _drop_empty_expansions(ast)
+  expander = _Expander(ast)
+  stores = tuple(expanded for store in ast.src for expanded in expander.stores(store))
+  return UOp(Ops.SINK, dtypes.void, stores, ast.arg)
+
+
+def _drop_empty_expansions(ast: UOp) -> UOp:
+  """A REDUCE over an empty upcast or unroll range is its identity; a store that depends on one never happens."""
+  empty = {r for r in all_ranges(ast) if range_kind(r) in (UPCAST, UNROLL) and _constant_size(r) == 0}
+  if not empty: return ast
+  mapping = {node: identity_const(node.arg, node.dtype) for node in ast.toposort
+             if node.op is Ops.REDUCE and empty & set(node.src[1:])}
+  ast = simplify(substitute(ast, mapping))
+  return ast.replace(src=tuple(store for store in ast.src if not empty & set(store.toposort)))
+
+
+def _constant_size(r: UOp) -> int:
+  size = r.src[0]
+  if size.op is not Ops.CONST: raise ValueError(f"{range_kind(r)} range r{r.arg[0]} must have a constant size")
+  return size.arg
+
+
+def combine(op: Ops, a: UOp, b: UOp) -> UOp:
+  """a `op` b for a reduce op (a sum of booleans is their or)."""
+  if op is Ops.ADD and a.dtype.scalar == dtypes.bool: op = Ops.OR
+  return UOp(op, a.dtype, (a, b))
+
+
+def gep(vector: UOp, lanes: tuple[int, ...]) -> UOp:
+  return UOp(Ops.GEP, vector.dtype.scalar.vec(len(lanes)), (vector,), lanes)
+
+
+def horizontal(vector: UOp, op: Ops) -> UOp:
+  """Combine the lanes of a vector with a reduce op: halve while the width is even, then lane by lane."""
+  width = vector.dtype.count
+  while width > 1 and width % 2 == 0:
+    half = width // 2
+    vector = combine(op, gep(vector, tuple(range(half))), gep(vector, tuple(range(half, width))))
+    width = half
+  if width == 1: return vector
+  result = gep(vector, (0,))
+  for lane in range(1, width): result = combine(op, result, gep(vector, (lane,)))
+  return result
+
+
+class _Expander:
+  def __init__(self, ast: UOp):
+    ranges = all_ranges(ast)
+    upcasts = [r for r in ranges if range_kind(r) == UPCAST]
+    self.upcast = upcasts[0] if upcasts else None
+    self.width = _constant_size(self.upcast) if self.upcast is not None else 1
+    self.unrolls = [r for r in ranges if range_kind(r) == UNROLL]
+    self.lanes = UOp(Ops.CONST, dtypes.index.vec(self.width), arg=tuple(range(self.width))) if self.width > 1 else \
+      UOp.const(dtypes.index, 0)
+    expanded = set(upcasts) | set(self.unrolls)
+    # touched: the subtree holds an expanded range somewhere; free: the expanded ranges its value depends on
+    self.touched: dict[UOp, bool] = {}
+    self.free: dict[UOp, frozenset[UOp]] = {}
+    for node in ast.toposort:
+      free = frozenset().union(*(self.free[s] for s in node.src)) if node.src else frozenset()
+      if node in expanded: free |= {node}
+      if node.op is Ops.REDUCE: free -= set(node.src[1:])
+      if node.op is Ops.AFTER: free = frozenset()  # a staged local buffer holds every copy and lane
+      self.free[node] = free
+      self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
+    self.cache: dict[tuple, UOp] = {}
+
+  # *** helpers ***
+
+  def splat(self, node: UOp) -> UOp:
+    if node.dtype.count > 1 or self.width == 1: return node
+    if node.op is Ops.CONST: return UOp(Ops.CONST, node.dtype.vec(self.width), arg=(node.arg,) * self.width)
+    return UOp(Ops.VECTORIZE, node.dtype.vec(self.width), (node,) * self.width)
+
+  def lane(self, node: UOp, lane: int) -> UOp:
+    return gep(node, (lane,)) if node.dtype.count > 1 else node
+
+  def env_key(self, node: UOp, env: dict[UOp, int]) -> tuple:
+    return (node, tuple(env[r] for r in self.unrolls if r in self.free[node]))
+
+  def concrete(self, expr: UOp, env: dict[UOp, int]) -> UOp:
+    """An index or gate expression with the unroll ranges set to their values for this copy, simplified."""
+    key = ("concrete",) + self.env_key(expr, env)
+    if key not in self.cache:
+      mapping = {r: UOp.const(dtypes.index, env[r]) for r in self.unrolls if r in self.free[expr]}
+      self.cache[key] = simplify(substitute(expr, mapping)) if mapping else expr
+    return self.cache[key]
+
+  def at_lane(self, expr: UOp, lane: int) -> UOp:
+    return simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
+
+  def uses_lanes(self, expr: UOp | None) -> bool:
+    return expr is not None and self.upcast is not None and self.upcast in expr.toposort
+
+  def lane_stride(self, index: UOp) -> int | None:
+    """How much the index grows from one lane to the next: 0 if it does not depend on the lanes, None unless it is
+    `stride*lane + (terms without the lane)`."""
+    if not self.uses_lanes(index): return 0
+    stride = None
+    for term in _sum_terms(index):
+      if term is self.upcast: coefficient = 1
+      elif term.op is Ops.MUL and term.src[0] is self.upcast and term.src[1].op is Ops.CONST:
+        coefficient = term.src[1].arg
+      elif self.upcast in term.toposort: return None
+      else: continue
+      stride = coefficient if stride is None else stride + coefficient
+    return stride
+
+  def vector(self, expr: UOp) -> UOp:
+    """An index or gate expression evaluated for every lane at once (vector arithmetic over the lane numbers)."""
+    if not self.uses_lanes(expr): return self.splat(expr)
+    built: dict[UOp, UOp] = {}
+    for node in expr.toposort:
+      if node is self.upcast: built[node] = self.lanes
+      elif not self.uses_lanes(node): built[node] = node
+      else:
+        sources = tuple(self.splat(built[s]) for s in node.src)
+        built[node] = UOp(node.op, node.dtype.scalar.vec(self.width), sources, node.arg)
+    return built[expr]
+
+  # *** values ***
+
+  def value(self, node: UOp, env: dict[UOp, int]) -> UOp:
+    if not self.touched[node]: return node
+    key = self.env_key(node, env)
+    if key not in self.cache: self.cache[key] = self._value(node, env)
+    return self.cache[key]
+
+  def _value(self, node: UOp, env: dict[UOp, int]) -> UOp:
+    if node.op is Ops.RANGE:
+      if range_kind(node) == UNROLL: return UOp.const(dtypes.index, env[node])
+      if range_kind(node) == UPCAST: return self.lanes
+      return node
+    if node.op is Ops.LOAD: return self.load(node, env)
+    if node.op is Ops.REDUCE: return self.reduce(node, env)
+    if node.op is Ops.AFTER:
+      return node.replace(src=(node.src[0], *(stored for store in node.src[1:] for stored in self.stores(store))))
+    sources = tuple(self.value(s, env) for s in node.src)
+    if any(s.dtype.count > 1 for s in sources):
+      return UOp(node.op, node.dtype.scalar.vec(self.width), tuple(self.splat(s) for s in sources), node.arg)
+    return node.replace(src=sources)
+
+  def load(self, node: UOp, env: dict[UOp, int]) -> UOp:
+    buffer, index, gate = _index_parts(node.src[0])
+    buffer = self.value(buffer, env)
+    index = self.concrete(index, env)
+    gate = self.concrete(gate, env) if gate is not None else None
+    if not self.uses_lanes(index) and not self.uses_lanes(gate):
+      return UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, index, gate),))
+    if self.lane_stride(index) == 1:
+      first = self.at_lane(index, 0)
+      mask = self.vector(gate) if gate is not None else None
+      return UOp(Ops.LOAD, node.dtype.vec(self.width), (_index(node.src[0], buffer, first, mask),))
+    if not self.uses_lanes(index) and _always_inside(buffer, index):
+      # one address for all lanes, a gate per lane: load once, zero the lanes whose gate is false
+      value = self.splat(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, index, None),)))
+      zero = UOp(Ops.CONST, value.dtype, arg=(0,) * self.width)
+      return UOp(Ops.WHERE, value.dtype, (self.vector(gate), value, zero))
+    lanes = []
+    for lane in range(self.width):
+      lane_gate = self.at_lane(gate, lane) if gate is not None else None
+      lanes.append(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, self.at_lane(index, lane), lane_gate),)))
+    return UOp(Ops.VECTORIZE, node.dtype.vec(self.width), tuple(lanes))
+
+  def reduce(self, node: UOp, env: dict[UOp, int]) -> UOp:
+    body, ranges = node.src[0], node.src[1:]
+    loops = tuple(r for r in ranges if range_kind(r) in LOOP_KINDS)
+    copies = [r for r in ranges if range_kind(r) == UNROLL]
+    across_lanes = self.upcast in ranges
+    result: UOp | None = None
+    for values in itertools.product(*(range(_constant_size(r)) for r in copies)):
+      value = self.value(body, {**env, **dict(zip(copies, values))})
+      if across_lanes: value = self.splat(value)
+      accumulated = UOp(Ops.REDUCE, value.dtype, (value, *loops), node.arg) if loops else value
+      if across_lanes: accumulated = horizontal(accumulated, node.arg)
+      result = accumulated if result is None else combine(node.arg, result, accumulated)
+    assert result is not None, "empty expansions were dropped before"
+    return result
+
+  # *** stores ***
+
+  def stores(self, store: UOp) -> list[UOp]:
+    unrolled = [r for r in self.unrolls if r in self.free[store]]
+    stores = []
+    for values in itertools.product(*(range(_constant_size(r)) for r in unrolled)):
+      stores.extend(self.store(store, dict(zip(unrolled, values))))
+    return stores
+
+  def store(self, store: UOp, env: dict[UOp, int]) -> list[UOp]:
+    target, value = store.src
+    buffer, index, gate = _index_parts(target)
+    index = self.concrete(index, env)
+    gate = self.concrete(gate, env) if gate is not None else None
+    value = self.value(value, env)
+    if not self.uses_lanes(index) and not self.uses_lanes(gate):
+      if value.dtype.count > 1: raise RuntimeError(f"kernel {store}: a vector would be stored at one address")
+      return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, index, gate), value), store.arg)]
+    if self.lane_stride(index) == 1:
+      mask = self.vector(gate) if gate is not None else None
+      return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, self.at_lane(index, 0), mask), self.splat(value)),
+                  store.arg)]
+    return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, self.at_lane(index, lane),
+                                                self.at_lane(gate, lane) if gate is not None else None),
+                                         self.lane(value, lane)), store.arg)
+            for lane in range(self.width)]
+
+
+def _always_inside(buffer: UOp, index: UOp) -> bool:
+  """The index addresses an element of the buffer whatever the loops' values (so it needs no gate to be safe)."""
+  return buffer.op is Ops.DEFINE_GLOBAL and 0 <= index.vmin and index.vmax < buffer.dtype.size
+
+
+def _index_parts(index: UOp) -> tuple[UOp, UOp, UOp | None]:
+  return index.src[0], index.src[1], index.src[2] if len(index.src) > 2 else None
+
+
+def _index(original: UOp, buffer: UOp, index: UOp, gate: UOp | None) -> UOp:
+  if gate is not None and gate.op is Ops.CONST and gate.dtype.count == 1:
+    if gate.arg is True: gate = None
+  return UOp(Ops.INDEX, original.dtype, (buffer, index) if gate is None else (buffer, index, gate))
+
+
+def _sum_terms(node: UOp) -> list[UOp]:
+  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
+  return [node]

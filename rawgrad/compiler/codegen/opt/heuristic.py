@@ -1,0 +1,291 @@
+"""The default opts of a kernel, chosen from its shape and memory accesses without any search.
+
+1. The vector axis: the output loop along which the store is contiguous, unless the loads are contiguous only along a
+   reduce loop (a sum over rows), then that reduce loop. Its lanes fill one machine vector (AVX-512: 16 floats).
+2. Register blocking for reductions over an output vector axis (matmul, convolution, sums over columns): unroll the
+   output loops along which a vector load does not move (each loaded vector then feeds several accumulators) and the
+   vector axis itself once more (each broadcast scalar then feeds two vectors), within the register file.
+3. Separate accumulators for a reduction along the vector axis (sums over rows), so additions do not wait on each
+   other.
+4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
+   reused across an output loop is staged in a local buffer, a tile of it at a time, in the order it is read; the
+   tile's loop becomes the outermost one so each core packs its own tiles.
+5. Parallel: the outermost output loop runs on all cores when the kernel does enough work to pay for waking them.
+6. Streaming stores for elementwise kernels whose output is larger than the caches: the cache lines need not be
+   read before they are written.
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from rawgrad.compiler.codegen.gates import simplify_gated_indices
+from rawgrad.compiler.codegen.opt.kernel import (Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges,
+                                                 size_of, stride)
+from rawgrad.compiler.ir import GroupOp, Ops, UOp
+
+MAX_ACCUMULATORS = 24          # of AVX-512's 32 vector registers; the rest hold loaded values
+PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other cores costs more than it saves
+PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
+STAGE_BYTES = 1 << 20          # one packed tile: half the L2 cache, and all a local buffer may hold
+STREAM_BYTES = 16 << 20         # outputs at least this large are not read back from the caches anyway
+
+
+@functools.cache
+def vector_bytes() -> int:
+  """The widest vector the host CPU computes with natively."""
+  import llvmlite.binding as llvm
+  features = llvm.get_host_cpu_features()
+  if features.get("avx512f"): return 64
+  if features.get("avx2") or features.get("avx"): return 32
+  return 16
+
+
+@dataclass(frozen=True)
+class Access:
+  """A load or store of a kernel: which parameter, at which index, with which element type."""
+  buffer: int
+  index: UOp
+  itemsize: int
+  is_store: bool
+
+
+def accesses(ast: UOp) -> list[Access]:
+  """Every load from and store to a kernel parameter."""
+  found = []
+  for node in ast.toposort:
+    if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX:
+      index = node.src[0]
+      found.append(Access(index.src[0].arg, index.src[1], node.dtype.itemsize, False))
+    if node.op is Ops.STORE:
+      index, value = node.src
+      found.append(Access(index.src[0].arg, index.src[1], value.dtype.itemsize, True))
+  return found
+
+
+def _constant(size: int | UOp) -> int | None:
+  return size if isinstance(size, int) else None
+
+
+def vector_amount(size: int | None, lanes: int) -> int:
+  """How many lanes to give an axis of this size (0: do not vectorize it): a machine vector, or the power of two
+  that holds a smaller axis. LLVM splits vectors of other widths badly (spilling them to the stack); masked lanes
+  cost far less."""
+  if size is None or size >= lanes: return lanes
+  if size < 2: return 0
+  return 1 << (size - 1).bit_length()
+
+
+def unroll_amount(size: int | None, limit: int) -> int:
+  """The largest useful number of copies of an axis of this size, at most `limit` (0: none)."""
+  if limit < 2: return 0
+  if size is None: return limit
+  if size < 2: return 0
+  if size <= limit: return size
+  for amount in range(limit, 1, -1):
+    if size % amount == 0 and amount * 2 > limit: return amount
+  return limit
+
+
+class _Planner:
+  """Applies opts one by one, re-reading the kernel after each (an opt renumbers the loops)."""
+
+  def __init__(self, ast: UOp):
+    self.ast, self.opts = ast, []
+
+  def apply(self, op: OptOps, target: UOp, amount: int = 0) -> UOp | None:
+    """Apply the opt to the loop `target`. For a split, the outer loop that keeps the target's place (None when the
+    whole loop was used up, or the opt did not apply)."""
+    before = loop_axes(self.ast)
+    position = before.index(target)
+    opt = Opt(op, position, amount)
+    try:
+      self.ast = apply_opt(self.ast, opt)
+    except OptError:
+      return None
+    self.opts.append(opt)
+    after = loop_axes(self.ast)
+    return after[position] if len(after) == len(before) else None
+
+  def apply_local(self, buffer: int) -> None:
+    """Stage the parameter inside the outermost loop."""
+    opt = Opt(OptOps.LOCAL, 0, buffer)
+    try:
+      self.ast = apply_opt(self.ast, opt)
+    except OptError:
+      return
+    self.opts.append(opt)
+
+  def apply_stream(self) -> None:
+    """Make the stores stream past the caches."""
+    self.ast = apply_opt(self.ast, Opt(OptOps.STREAM, 0))
+    self.opts.append(Opt(OptOps.STREAM, 0))
+
+  @property
+  def loops(self) -> list[UOp]:
+    return loop_axes(self.ast)
+
+  @property
+  def reduce_loops(self) -> list[UOp]:
+    inner = reduce_ranges(self.ast)
+    return [r for r in self.loops if r in inner]
+
+  @property
+  def output_loops(self) -> list[UOp]:
+    inner = reduce_ranges(self.ast)
+    return [r for r in self.loops if r not in inner]
+
+  def uses_lanes(self, index: UOp) -> bool:
+    """The index moves with the vector lanes (a vector load, or a gather)."""
+    return any(node.op is Ops.RANGE and node.arg[1] == "upcast" for node in index.toposort)
+
+
+def hand_coded_opts(ast: UOp) -> list[Opt]:
+  """The opts the heuristics choose for a kernel."""
+  ast = simplify_gated_indices(ast)
+  if not any(node.op is Ops.STORE for node in ast.src): return []
+  plan = _Planner(ast)
+  if not plan.loops: return []
+  store = next(a for a in accesses(ast) if a.is_store)
+  itemsize = max(a.itemsize for a in accesses(ast))
+  lanes = max(1, vector_bytes() // itemsize)
+  work = _work(ast)
+  vector_axis, across_reduce = _choose_vector_axis(plan, store)
+  if vector_axis is not None:
+    _vectorize(plan, vector_axis, across_reduce, lanes)
+  staged = _tile_for_staging(plan) if vector_axis is not None and not across_reduce else None
+  # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
+  _parallelize(plan, work, outermost=staged is not None)
+  if staged is not None: plan.apply_local(staged)
+  if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
+    plan.apply_stream()
+  return plan.opts
+
+
+def _output_bytes(ast: UOp) -> int:
+  output = next(node for node in ast.toposort if node.op is Ops.DEFINE_GLOBAL and node.arg == 0)
+  return output.dtype.size * output.dtype.base.itemsize
+
+
+def _choose_vector_axis(plan: _Planner, store: Access) -> tuple[UOp | None, bool]:
+  """The loop whose iterations become vector lanes: among the output loops the store is contiguous along and the
+  reduce loops some load is contiguous along, the one that leaves the fewest accesses to gather lane by lane (ties:
+  an output loop, so no lanes need combining; then the innermost)."""
+  loads = [a for a in accesses(plan.ast) if not a.is_store]
+  inner = set(plan.reduce_loops)
+  candidates = [r for r in plan.output_loops if stride(store.index, r) == 1]
+  candidates += [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)]
+  if not candidates: return None, False
+
+  def gathered(r: UOp) -> int:
+    return sum(1 for a in loads + ([] if r in inner else [store]) if stride(a.index, r) not in (0, 1))
+
+  best = min(candidates, key=lambda r: (gathered(r), r in inner, -plan.loops.index(r)))
+  return best, best in inner
+
+
+def _vectorize(plan: _Planner, axis: UOp, across_reduce: bool, lanes: int) -> None:
+  """Upcast the axis, then give the reduction its accumulators (several vectors, or register blocks)."""
+  amount = vector_amount(_constant(size_of(axis)), lanes)
+  if amount == 0: return
+  count = len(plan.opts)
+  remaining = plan.apply(OptOps.UPCAST, axis, amount)
+  if len(plan.opts) == count: return
+  vectors = math.ceil(amount / lanes)
+  if across_reduce:
+    if remaining is not None:
+      # separate accumulators so consecutive additions do not wait for each other
+      plan.apply(OptOps.UNROLL, remaining, unroll_amount(_constant(size_of(remaining)), max(1, 4 // vectors)))
+    return
+  if plan.reduce_loops: _block_registers(plan, remaining, vectors)
+
+
+def _block_registers(plan: _Planner, vector_outer: UOp | None, vectors: int) -> None:
+  """Unroll output loops so each loaded value feeds several accumulators: the vector axis once more when some load
+  is a broadcast scalar, and the output loop along which a loaded vector does not move."""
+  loads = [a for a in accesses(plan.ast) if not a.is_store]
+  budget = MAX_ACCUMULATORS // vectors
+  if vector_outer is not None and budget >= 4 and any(not plan.uses_lanes(a.index) for a in loads):
+    amount, count = unroll_amount(_constant(size_of(vector_outer)), 2), len(plan.opts)
+    if amount:
+      after = plan.apply(OptOps.UNROLL, vector_outer, amount)
+      if len(plan.opts) > count: budget, vector_outer = budget // amount, after
+  vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
+  reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
+           and _constant(size_of(r)) != 1]
+  if reuse:
+    plan.apply(OptOps.UNROLL, reuse[-1], unroll_amount(_constant(size_of(reuse[-1])), min(8, budget)))
+  elif vector_outer is not None and _jumps(plan, vector_loads):
+    # nothing to reuse (a sum over columns): read longer runs of each row before jumping to the next
+    plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(_constant(size_of(vector_outer)), min(8, budget)))
+
+
+def _jumps(plan: _Planner, loads: list[Access]) -> bool:
+  """Some load moves by more than a cache line from one iteration of the innermost reduce loop to the next."""
+  innermost = plan.reduce_loops[-1]
+  return any((jump := stride(a.index, innermost)) is None or abs(jump) * a.itemsize > 64 for a in loads)
+
+
+def _tile_for_staging(plan: _Planner) -> int | None:
+  """Tile the loop along which a strided vector load moves so one tile of it fits STAGE_BYTES; the tile loop becomes
+  the outermost. The parameter to stage (None when no load needs packing)."""
+  if not plan.reduce_loops: return None
+  innermost = plan.reduce_loops[-1]
+  for access in accesses(plan.ast):
+    if access.is_store or not plan.uses_lanes(access.index): continue
+    jump = stride(access.index, innermost)
+    if jump is None or abs(jump) * access.itemsize <= 64: continue
+    reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and _constant(size_of(r)) not in (None, 1)]
+    moving = [r for r in plan.output_loops if stride(access.index, r) != 0]
+    if not reused or not moving: continue
+    tile_bytes = access.itemsize * _expanded_elements(access.index)
+    for r in plan.reduce_loops:
+      if stride(access.index, r) != 0: tile_bytes *= _constant(size_of(r)) or 1 << 30
+    target = moving[-1]
+    size = _constant(size_of(target))
+    if size is None or size * tile_bytes <= STAGE_BYTES: continue  # all of it fits the cache already
+    amount = _divisor_at_most(size, STAGE_BYTES // tile_bytes)
+    if amount < 1: continue
+    count = len(plan.opts)
+    plan.apply(OptOps.TILE, target, amount)
+    if len(plan.opts) > count: return access.buffer
+  return None
+
+
+def _divisor_at_most(size: int, limit: int) -> int:
+  """The largest divisor of size up to limit when one is at least half of it (whole tiles), else limit."""
+  for amount in range(limit, 0, -1):
+    if size % amount == 0:
+      return amount if amount * 2 > limit else limit
+  return limit
+
+
+def _expanded_elements(index: UOp) -> int:
+  """How many elements one iteration of the loops reads through this index (its vector lanes times its copies)."""
+  count = 1
+  for node in index.toposort:
+    if node.op is Ops.RANGE and node.arg[1] in ("upcast", "unroll"): count *= node.src[0].arg
+  return count
+
+
+def _work(ast: UOp) -> int | None:
+  """Iterations of the innermost code times its operations, roughly; None when sizes are symbolic."""
+  total = 1
+  for r in loop_axes(ast):
+    size = _constant(size_of(r))
+    if size is None: return None
+    total *= size
+  operations = sum(1 for node in ast.toposort if node.op in GroupOp.ALU or node.op in (Ops.LOAD, Ops.STORE))
+  return total * max(1, operations)
+
+
+def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
+  """Run an output loop on all cores: the outermost (always, when a packed tile must stay per core), else the first
+  with enough iterations to share out, else the first that has more than one."""
+  if work is not None and work < PARALLEL_MIN_WORK: return
+  loops = [r for r in plan.output_loops if _constant(size_of(r)) != 1]
+  if not loops: return
+  if not outermost:
+    loops = [r for r in loops if (_constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
+  plan.apply(OptOps.PARALLEL, loops[0])

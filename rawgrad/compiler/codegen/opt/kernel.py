@@ -1,0 +1,334 @@
+"""Optimizations of a kernel's loops as explicit, named `Opt`s, each a rewrite of the kernel AST's RANGEs.
+
+A kernel from rangeify loops over RANGEs of kind "loop" (its output) and "reduce" (inside a REDUCE). An opt splits a
+range into an outer and an inner range (`r -> outer*amount + inner`), changes the kind of the inner part, or changes
+the loop order. After any opt the AST is again a plain kernel AST; its ranges carry one of these kinds:
+
+  parallel   the outermost output loop, split into `cores` slices by the kernel's core/cores arguments
+  loop       an output loop
+  reduce     a loop inside a REDUCE
+  upcast     not a loop: the lanes of a vector (at most one per kernel, on an output or a reduce axis)
+  unroll     not a loop: copies of the code (an output axis gets separate accumulators, a reduce axis too)
+  stage      a loop that copies an input into a local buffer (made by LOCAL; no other opt touches it)
+
+The loop order is the order of the range ids (arg[0]): output loops first (the parallel one outermost), then the loops
+of each REDUCE; upcast and unroll ranges come last. `loop_axes(ast)` lists the loops in that order and an opt names
+the loop it acts on by its position there, so a kernel's optimization is a short printable list such as
+`[Opt(UPCAST, 1, 16), Opt(UNROLL, 0, 8), Opt(PARALLEL, 0, 0)]`.
+
+A split whose amount does not divide the size gets a validity condition `outer*amount + inner < size`: every access
+that depends on the range is gated by it (a gated load reads nothing and yields 0, a gated store writes nothing) and a
+REDUCE over the range adds its identity for invalid iterations, so every opt is correct for every size, including 1
+and 0.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from enum import Enum, auto
+
+from rawgrad.compiler.codegen.linearize import reduce_identity
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rewrite import substitute
+from rawgrad.compiler.symbolic import simplify
+from rawgrad.dtype import DType, dtypes
+
+PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE = "parallel", "loop", "reduce", "upcast", "unroll", "stage"
+LOOP_KINDS = (PARALLEL, LOOP, REDUCE)
+EXPANDED_KINDS = (UPCAST, UNROLL)
+
+MAX_UPCAST = 128   # lanes of the one vector axis
+MAX_UNROLL = 256   # copies of the code, all unrolled axes together
+MAX_LOCAL_BYTES = 1 << 20  # a local buffer lives on the stack of the thread that runs the kernel
+
+
+class OptOps(Enum):
+  UPCAST = auto()    # split; the inner `amount` iterations become the lanes of a vector (0: the whole axis)
+  UNROLL = auto()    # split; the inner `amount` iterations become copies of the code (0: the whole axis)
+  TILE = auto()      # split; the outer part becomes the outermost loop of its kind (cache blocking)
+  SWAP = auto()      # exchange the loop with loop `amount` (both output loops, or both loops of one REDUCE)
+  PARALLEL = auto()  # the output loop becomes the outermost one and is split across cores
+  LOCAL = auto()     # inside the loop, copy what the loops within it read of parameter `amount` to a local buffer
+  STREAM = auto()    # vector stores bypass the cache (non-temporal): for outputs larger than the caches
+
+  def __repr__(self) -> str:
+    return self.name
+
+
+@dataclass(frozen=True)
+class Opt:
+  op: OptOps
+  axis: int
+  amount: int = 0
+
+  def __repr__(self) -> str:
+    return f"Opt({self.op.name}, {self.axis}, {self.amount})"
+
+
+class OptError(ValueError):
+  """The opt does not apply to this kernel (the message says why)."""
+
+
+def range_kind(node: UOp) -> str:
+  return node.arg[1]
+
+
+def reduce_ranges(ast: UOp) -> set[UOp]:
+  """The ranges some REDUCE loops over."""
+  return {r for node in ast.toposort if node.op is Ops.REDUCE for r in node.src[1:]}
+
+
+def all_ranges(ast: UOp) -> list[UOp]:
+  return sorted((node for node in ast.toposort if node.op is Ops.RANGE), key=lambda r: r.arg[0])
+
+
+def loop_axes(ast: UOp) -> list[UOp]:
+  """The kernel's loops in nesting order: output loops (parallel first), then reduce loops."""
+  loops = [r for r in all_ranges(ast) if range_kind(r) in LOOP_KINDS]
+  inner = reduce_ranges(ast)
+  return [r for r in loops if r not in inner] + [r for r in loops if r in inner]
+
+
+def apply_opts(ast: UOp, opts: list[Opt] | tuple[Opt, ...]) -> UOp:
+  """The kernel with the opts applied in order."""
+  for opt in opts: ast = apply_opt(ast, opt)
+  return ast
+
+
+@functools.lru_cache(maxsize=4096)
+def apply_opt(ast: UOp, opt: Opt) -> UOp:
+  """The kernel with one more opt applied; raises OptError when it does not apply. Remembered: the heuristics, the
+  search and the lowering apply the same opts to the same kernels."""
+  axes = loop_axes(ast)
+  if not 0 <= opt.axis < len(axes) and opt.op is not OptOps.STREAM:
+    raise OptError(f"{opt}: the kernel has {len(axes)} loops")
+  if opt.op not in (OptOps.LOCAL, OptOps.STREAM) and any(range_kind(r) == STAGE for r in all_ranges(ast)):
+    raise OptError(f"{opt}: only LOCAL can follow a LOCAL")
+  if opt.op is OptOps.LOCAL: return stage_load(ast, axes, opt)
+  if opt.op is OptOps.STREAM: return stream_stores(ast, opt)
+  target = axes[opt.axis]
+  inner = reduce_ranges(ast)
+  ranges = all_ranges(ast)
+  if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
+    kind = UPCAST if opt.op is OptOps.UPCAST else UNROLL
+    amount = _whole_axis(target, opt) if opt.amount == 0 else opt.amount
+    _check_expansion(ranges, kind, amount, opt)
+    ast, outer, split = split_range(ast, target, amount, kind)
+    order = _replace(axes, target, [outer] if outer is not None else []) + _expanded(ranges) + [split]
+  elif opt.op is OptOps.TILE:
+    if opt.amount < 1: raise OptError(f"{opt}: a tile needs a positive amount")
+    # the outer part of the parallel loop stays parallel, its inner part is an ordinary loop
+    inner_kind = LOOP if range_kind(target) == PARALLEL else range_kind(target)
+    ast, outer, split = split_range(ast, target, opt.amount, inner_kind)
+    order = _replace(axes, target, [split])
+    if outer is not None: order.insert(_first_movable(ast, order, split), outer)
+  elif opt.op is OptOps.SWAP:
+    if not 0 <= opt.amount < len(axes): raise OptError(f"{opt}: the kernel has {len(axes)} loops")
+    other = axes[opt.amount]
+    _check_swappable(ast, target, other, opt)
+    order = list(axes)
+    order[opt.axis], order[opt.amount] = other, target
+  elif opt.op is OptOps.PARALLEL:
+    if target in inner: raise OptError(f"{opt}: a reduce loop cannot run in parallel")
+    if any(range_kind(r) == PARALLEL for r in axes): raise OptError(f"{opt}: the kernel already has a parallel loop")
+    parallel = target.replace(arg=(target.arg[0], PARALLEL))
+    ast = _substitute_ranges(ast, {target: parallel})
+    order = [parallel] + [r for r in axes if r is not target]
+  else:
+    raise OptError(f"unknown opt {opt}")
+  return renumber(ast, order + [r for r in _expanded(all_ranges(ast)) if r not in order])
+
+
+# *** streaming stores ***
+
+def stream_stores(ast: UOp, opt: Opt) -> UOp:
+  """STREAM: mark the kernel's stores (arg "stream"); vector stores become non-temporal where aligned."""
+  if any(store.arg == "stream" for store in ast.src): raise OptError(f"{opt}: the stores already stream")
+  return ast.replace(src=tuple(store.replace(arg="stream") for store in ast.src))
+
+
+# *** staging a load in a local buffer ***
+
+def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
+  """LOCAL: at the start of every iteration of loop `axis`, copy the elements the loops inside it will read of
+  parameter `amount` into a local buffer laid out in the order they are read (the loops in loop order, then the
+  unrolled and the vector ranges, lanes last), then read them from there. A matmul's B panel becomes contiguous."""
+  target = axes[opt.axis]
+  if target in reduce_ranges(ast): raise OptError(f"{opt}: stage inside an output loop")
+  loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
+           and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
+  if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
+  load = loads.pop()
+  used = {r for r in load.src[0].toposort if r.op is Ops.RANGE}
+  ranges = all_ranges(ast)
+  inside = [r for r in axes[opt.axis + 1:] if r in used]
+  expanded = [r for r in ranges if range_kind(r) == UNROLL and r in used]
+  expanded += [r for r in ranges if range_kind(r) == UPCAST and r in used]
+  layout = inside + expanded
+  sizes = [size_of(r) for r in layout]
+  if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
+  count = 1
+  for size in sizes: count *= size
+  if count * load.dtype.itemsize > MAX_LOCAL_BYTES:
+    raise OptError(f"{opt}: {count * load.dtype.itemsize} bytes is more than a local buffer holds ({MAX_LOCAL_BYTES})")
+  if not inside: raise OptError(f"{opt}: nothing to stage: no loop inside loop {opt.axis} moves the load")
+  fresh = max(r.arg[0] for r in ranges) + 1
+  copies = {r: UOp.range(size_of(r), fresh + i, STAGE) for i, r in enumerate(inside)}
+  locals_made = sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL)
+  local = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(count, local=True), arg=locals_made)
+  copy_index = _row_major([copies.get(r, r) for r in layout], sizes)
+  source = _substitute_ranges(load, copies)
+  copy = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, simplify(copy_index))), source))
+  staged = UOp(Ops.AFTER, local.dtype, (local, copy))
+  read = UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, local.dtype, (staged, simplify(_row_major(layout, sizes)))),))
+  ast = _substitute_ranges(ast, {load: read})
+  # the copy walks the source in memory order: the loop with the largest stride outermost
+  copy_order = sorted(copies, key=lambda r: -(stride(load.src[0].src[1], r) or 0))
+  order = axes + [r for r in ranges if range_kind(r) in EXPANDED_KINDS + (STAGE,)] + [copies[r] for r in copy_order]
+  return renumber(ast, order)
+
+
+def _row_major(ranges: list[UOp], sizes: list[int]) -> UOp:
+  index, stride = UOp.const(dtypes.index, 0), 1
+  for r, size in reversed(list(zip(ranges, sizes))):
+    index = index + r * stride
+    stride *= size
+  return index
+
+
+def stride(index: UOp, r: UOp) -> int | None:
+  """How far the index moves when range r grows by one: 0 if it does not use r, None unless it is linear in r."""
+  if r not in index.toposort: return 0
+  total = 0
+  for term in _sum_terms(index):
+    if term is r: total += 1
+    elif term.op is Ops.MUL and term.src[0] is r and term.src[1].op is Ops.CONST: total += term.src[1].arg
+    elif r in term.toposort: return None
+  return total
+
+
+def _sum_terms(node: UOp) -> list[UOp]:
+  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
+  return [node]
+
+
+def _whole_axis(target: UOp, opt: Opt) -> int:
+  size = target.src[0]
+  if size.op is not Ops.CONST: raise OptError(f"{opt}: amount 0 (the whole axis) needs a constant size")
+  return size.arg
+
+
+def _check_expansion(ranges: list[UOp], kind: str, amount: int, opt: Opt) -> None:
+  if amount < 1: raise OptError(f"{opt}: amount must be positive")
+  if kind == UPCAST:
+    if any(range_kind(r) == UPCAST for r in ranges): raise OptError(f"{opt}: the kernel already has a vector axis")
+    if amount > MAX_UPCAST: raise OptError(f"{opt}: at most {MAX_UPCAST} lanes")
+  else:
+    copies = amount
+    for r in ranges:
+      if range_kind(r) == UNROLL: copies *= r.src[0].arg
+    if copies > MAX_UNROLL: raise OptError(f"{opt}: {copies} copies of the code is more than {MAX_UNROLL}")
+
+
+def _replace(order: list[UOp], target: UOp, replacement: list[UOp]) -> list[UOp]:
+  position = order.index(target)
+  return order[:position] + replacement + order[position + 1:]
+
+
+def _expanded(ranges: list[UOp]) -> list[UOp]:
+  return [r for r in ranges if range_kind(r) in EXPANDED_KINDS]
+
+
+def _first_movable(ast: UOp, order: list[UOp], split: UOp) -> int:
+  """Where a tile's outer loop goes: before the other loops of its REDUCE, or before every output loop but the
+  parallel one."""
+  if range_kind(split) == REDUCE:
+    siblings = next(node.src[1:] for node in ast.toposort if node.op is Ops.REDUCE and split in node.src)
+    return min(order.index(r) for r in siblings if r in order)
+  return 1 if order and range_kind(order[0]) == PARALLEL and order[0] is not split else 0
+
+
+def _check_swappable(ast: UOp, a: UOp, b: UOp, opt: Opt) -> None:
+  kinds = {range_kind(a), range_kind(b)}
+  if PARALLEL in kinds: raise OptError(f"{opt}: the parallel loop stays outermost")
+  if kinds == {LOOP}: return
+  if kinds == {REDUCE} and any(node.op is Ops.REDUCE and a in node.src and b in node.src for node in ast.toposort):
+    return
+  raise OptError(f"{opt}: only two output loops or two loops of one reduction can swap")
+
+
+# *** splitting a range ***
+
+def split_range(ast: UOp, target: UOp, amount: int, inner_kind: str) -> tuple[UOp, UOp | None, UOp]:
+  """Replace `target` by `outer*amount + inner`: the new AST, the outer range (None when it would have one
+  iteration) and the inner range. Ids are temporary; renumber() orders the loops."""
+  size = target.src[0]
+  fresh = max(r.arg[0] for r in all_ranges(ast)) + 1
+  inner = UOp.range(amount, fresh, inner_kind)
+  outer_size = simplify((size + (amount - 1)) // amount)
+  if outer_size.op is Ops.CONST and outer_size.arg <= 1:
+    outer, replacement = None, inner
+    if outer_size.arg == 0: inner = UOp.range(0, fresh, inner_kind)  # an empty range stays empty
+  else:
+    outer = UOp.range(outer_size, fresh + 1, range_kind(target))
+    replacement = outer * amount + inner
+  valid = simplify(replacement < size)
+  new_reduce_ranges = (outer, inner) if outer is not None else (inner,)
+  return _rebuild(ast, target, replacement, new_reduce_ranges, valid), outer, inner
+
+
+def _rebuild(ast: UOp, target: UOp, replacement: UOp, new_reduce_ranges: tuple[UOp, ...], valid: UOp) -> UOp:
+  """Substitute the range everywhere; a REDUCE over it loops over the new ranges; gate what depends on it."""
+  gated = not (valid.op is Ops.CONST and valid.arg is True)
+  depends: set[UOp] = set()
+  new: dict[UOp, UOp] = {}
+  for node in ast.toposort:
+    if node is target:
+      depends.add(node)
+      new[node] = replacement
+      continue
+    if any(source in depends for source in node.src): depends.add(node)
+    if node.op is Ops.REDUCE and target in node.src[1:]:
+      body = new[node.src[0]]
+      if gated: body = UOp(Ops.WHERE, body.dtype, (valid, body, identity_const(node.arg, body.dtype)))
+      ranges = tuple(r for source in node.src[1:] for r in ((new_reduce_ranges) if source is target else (source,)))
+      new[node] = UOp(Ops.REDUCE, node.dtype, (body, *ranges), node.arg)
+      continue
+    sources = tuple(new[source] for source in node.src)
+    if node.op is Ops.INDEX and gated and node in depends:
+      gate = valid if len(sources) == 2 else sources[2] & valid
+      sources = (*sources[:2], gate)
+    new[node] = node if sources == node.src else node.replace(src=sources)
+  return simplify_addresses(new[ast])
+
+
+def simplify_addresses(ast: UOp) -> UOp:
+  """Simplify the index and gate of every memory access (what the vector analysis reads); the values computed stay
+  as they are, LLVM folds those, and simplifying them all after every opt would cost more than the opts."""
+  parts = list(dict.fromkeys(source for node in ast.toposort if node.op is Ops.INDEX for source in node.src[1:]))
+  if not parts: return ast
+  simplified = simplify(UOp.sink(*parts))
+  return _substitute_ranges(ast, {old: new for old, new in zip(parts, simplified.src) if old is not new})
+
+
+def identity_const(op: Ops, dtype: DType) -> UOp:
+  """The value a reduction starts from: 0 for a sum, 1 for a product, the lowest value for a max."""
+  return UOp.const(dtype, reduce_identity(op, dtype))
+
+
+def _substitute_ranges(ast: UOp, mapping: dict[UOp, UOp]) -> UOp:
+  return substitute(ast, mapping)
+
+
+def renumber(ast: UOp, order: list[UOp]) -> UOp:
+  """Give the ranges ids 0, 1, ... in `order` (so sorting by id is the loop order); sums stay in their order."""
+  mapping = {r: UOp(Ops.RANGE, dtypes.index, r.src, (i, range_kind(r))) for i, r in enumerate(dict.fromkeys(order))}
+  missing = [r for r in all_ranges(ast) if r not in mapping]
+  if missing: raise RuntimeError(f"renumber: ranges {[r.arg for r in missing]} have no place in the loop order")
+  return _substitute_ranges(ast, mapping)
+
+
+def size_of(r: UOp) -> int | UOp:
+  """A range's size: an int, or the symbolic expression."""
+  size = r.src[0]
+  return size.arg if size.op is Ops.CONST else size

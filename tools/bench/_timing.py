@@ -1,0 +1,89 @@
+"""Shared by the kernel benchmarks: time rawgrad's kernels and the references (numpy, torch when importable)
+interleaved in one run, best of several repetitions, and print one line per figure with the ratio.
+
+Our time is `run_schedule` of the tensor's kernels into buffers allocated once: the product path (compiled kernel,
+launch through the device queue on all cores, wait), without scheduling the tensor graph again; the kernels' own time
+(device timestamps, without the launch and the wait) is shown beside it. References write into preallocated outputs
+too (`out=`). BENCH_SECONDS sets the time spent per figure. Not a benchmark itself: run by the others.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from rawgrad.compiler.rangeify import create_schedule  # noqa: E402
+from rawgrad.helpers import GlobalCounters, getenv  # noqa: E402
+from rawgrad.runtime.realize import run_schedule  # noqa: E402
+
+BENCH_SECONDS = getenv("BENCH_SECONDS", 2.0)
+KERNEL = "rawgrad kernels"  # best device time of our kernels, recorded by the `rawgrad` function
+
+try:
+  import torch
+except ImportError:
+  torch = None
+
+
+def kernels_of(*tensors) -> Callable[[], float]:
+  """A function that runs the tensors' kernels again into the same buffers and returns their device time; compiled
+  and run once now."""
+  items = create_schedule([tensor.uop for tensor in tensors]).items
+  run_schedule(items)
+
+  def run() -> float:
+    before = GlobalCounters.time_sum_s
+    run_schedule(items)
+    return GlobalCounters.time_sum_s - before
+  return run
+
+
+def best_times(functions: dict[str, Callable[[], object]], budget_s: float | None = None, min_repeats: int = 3,
+               max_repeats: int = 200) -> dict[str, float]:
+  """Best wall time of each function, repeated round-robin (so load on the machine hits all of them alike); for
+  `rawgrad`, also the best time its kernels reported."""
+  budget_s = BENCH_SECONDS if budget_s is None else budget_s
+  for function in functions.values(): function()  # warm up: compile, fault pages in, start threads
+  best = {name: float("inf") for name in functions}
+  best[KERNEL] = float("inf")
+  start = time.perf_counter()
+  repeats = 0
+  while repeats < min_repeats or (repeats < max_repeats and time.perf_counter() - start < budget_s):
+    for name, function in functions.items():
+      begin = time.perf_counter()
+      result = function()
+      best[name] = min(best[name], time.perf_counter() - begin)
+      if name == "rawgrad" and isinstance(result, float): best[KERNEL] = min(best[KERNEL], result)
+    repeats += 1
+  return best
+
+
+def report(label: str, work: float, unit: str, times: dict[str, float]) -> None:
+  """`label: 212.0 GFLOPS vs numpy 198.3 GFLOPS = 1.07x[, vs torch ...]`; work is flops or bytes per call."""
+  ours = work / times["rawgrad"] / 1e9
+  parts = [f"{label}: {ours:.1f} {unit}"]
+  for reference in ("numpy", "torch"):
+    if reference in times:
+      theirs = work / times[reference] / 1e9
+      parts.append(f"vs {reference} {theirs:.1f} {unit} = {ours / theirs:.2f}x")
+  line = ", ".join(parts)
+  if times.get(KERNEL, float("inf")) < float("inf"):
+    kernels = work / times[KERNEL] / 1e9
+    line += f" (kernels alone {kernels:.1f} {unit} = {kernels / (work / times['numpy'] / 1e9):.2f}x numpy)"
+  print(line, flush=True)
+
+
+def guarded(benchmark: Callable[[], None]) -> None:
+  """Run one figure; a failure prints its traceback and the run goes on (benchmarks never fail)."""
+  try:
+    benchmark()
+  except Exception:  # noqa: BLE001 - a broken figure must not stop the others
+    traceback.print_exc()
+
+
+if __name__ == "__main__":
+  print("(helpers for the other benchmarks)")
