@@ -1121,7 +1121,8 @@ class NativeRuntime:
       self._state.code.load_acquire(address)
 
   def _wait_until(self, ready: Callable[[], bool], timeout_s: float, describe: Callable[[], str]) -> None:
-    """Polls, yielding the CPU between polls for 1 ms, then sleeps with a doubling backoff up to 1 ms.
+    """Polls, yielding the CPU between polls for 1 ms, then sleeps with a doubling backoff up to 100 us (a longer
+    cap left multi-millisecond kernels finished but unnoticed for up to a millisecond).
 
     Yielding from the first poll matters: the scheduler often puts the processor thread on this thread's core, and
     the kernel we wait for cannot run there while we spin."""
@@ -1137,7 +1138,7 @@ class NativeRuntime:
         os.sched_yield()
         continue
       time.sleep(min(delay, max(deadline - now, 0)))
-      delay = min(delay * 2, 1e-3)
+      delay = min(delay * 2, 1e-4)
 
   def _queue_state(self) -> str:
     completed, position = self.completed, int(self._control[CURRENT_POSITION // 8])
