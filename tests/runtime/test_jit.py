@@ -158,3 +158,30 @@ def test_nothing_launched_raises() -> None:
   jitted(Tensor([1.0]))
   with pytest.raises(JitError, match="launched no kernels"):
     jitted(Tensor([1.0]))
+
+
+def test_training_step_replay_is_bit_identical_to_eager() -> None:
+  from rawgrad import nn
+  from rawgrad.nn.optim import Adam
+
+  def train(use_jit: bool) -> list[np.ndarray]:
+    Tensor.manual_seed(0)
+    model = [nn.Conv2d(1, 4, 3), nn.BatchNorm(4), nn.Linear(4 * 6 * 6, 3)]
+    optimizer = Adam([p for layer in model for p in layer.parameters()] + [model[1].running_mean], lr=1e-2)
+
+    def step(images: Tensor, labels: Tensor) -> Tensor:
+      optimizer.zero_grad()
+      hidden = model[1](model[0](images).relu()).flatten(1)
+      loss = model[2](hidden).sparse_categorical_crossentropy(labels)
+      loss.backward()
+      return loss.realize(*optimizer.schedule_step())
+
+    run = jit(step) if use_jit else step
+    data = np.random.default_rng(5)
+    for _ in range(5):
+      images = Tensor(data.standard_normal((8, 1, 8, 8)).astype(np.float32))
+      run(images, Tensor(data.integers(0, 3, 8).astype(np.int32)))
+    return [p.numpy() for layer in model for p in layer.parameters()] + [model[1].running_mean.numpy()]
+
+  for eager, replayed in zip(train(False), train(True)):
+    np.testing.assert_array_equal(replayed, eager)
