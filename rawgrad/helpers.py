@@ -4,7 +4,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import math
 import os
 from typing import Any, Iterable, Iterator, TypeVar
 
@@ -76,24 +75,12 @@ def all_same(items: Iterable[Any]) -> bool:
   return all(item == items[0] for item in items)
 
 
-def flatten(nested: Iterable[Iterable[T]]) -> list[T]:
-  return [item for inner in nested for item in inner]
-
-
-def argsort(values: list[Any]) -> list[int]:
-  return sorted(range(len(values)), key=values.__getitem__)
-
-
 def ceildiv(num: int, amount: int) -> int:
   return -(-num // amount)
 
 
 def round_up(num: int, multiple: int) -> int:
   return ceildiv(num, multiple) * multiple
-
-
-def is_finite_number(value: Any) -> bool:
-  return isinstance(value, (int, float)) and not (isinstance(value, float) and not math.isfinite(value))
 
 
 _unique_ids = itertools.count()

@@ -280,11 +280,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     shape = tuple(old if new == -1 else new for old, new in zip((None,) * (len(shape) - self.ndim) + self.shape, shape))
     if None in shape: raise ValueError(f"-1 is not allowed for new leading dimensions in expand to {shape}")
     broadcast_shape(self.shape, shape)  # names the shapes when they do not broadcast
-    return self._apply_movement(lambda u: u.reshape((1,) * (len(shape) - self.ndim) + tuple(self.shape))
-                                .expand(shape))
-
-  def _apply_movement(self, build: Any) -> Tensor:
-    return Tensor(build(self.uop))
+    return Tensor(self.uop.reshape((1,) * (len(shape) - self.ndim) + tuple(self.shape)).expand(shape))
 
   # *** elementwise ***
 

@@ -108,8 +108,6 @@ class GroupOp:
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
   Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
-  # ops that commute with padding: f(0) == 0, so a padded region stays zero without a WHERE
-  SafeToPad = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.MAX, Ops.TRUNC, Ops.SQRT})
 
 
 def _arg_key(arg: Any) -> Any:
@@ -292,6 +290,17 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   def walk(self) -> Iterator[UOp]:
     return iter(self.toposort)
+
+  def reachable_without_entering(self, barrier: Ops) -> list[UOp]:
+    """The nodes reachable from this one, not looking inside nodes of op `barrier` (which are included)."""
+    seen: dict[UOp, None] = {}
+    stack = [self]
+    while stack:
+      node = stack.pop()
+      if node in seen: continue
+      seen[node] = None
+      if node.op is not barrier: stack.extend(node.src)
+    return list(seen)
 
   @functools.cached_property
   def order_key(self) -> tuple:

@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 
 from rawgrad.compiler.ir import UOp, origins
-from rawgrad.helpers import PROFILE, getenv
+from rawgrad.helpers import getenv
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -86,7 +86,3 @@ def write_trace(path: str | None = None) -> str:
   _written[0] = len(events)
   print(f"rawgrad profile: {len(events)} kernel events written to {path}", file=sys.stderr)
   return path
-
-
-def enabled() -> bool:
-  return bool(PROFILE)

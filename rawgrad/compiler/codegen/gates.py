@@ -43,7 +43,7 @@ def _use_condition(where: UOp) -> UOp:
   if condition.dtype == dtypes.bool and (resolved := _resolved_condition(condition)) is not condition:
     where = where.replace(src=(resolved, value, other))
   mapping = {}
-  for node in _outside_reductions(value):
+  for node in value.reachable_without_entering(Ops.REDUCE):
     if node.op is not Ops.LOAD or node.src[0].op is not Ops.INDEX or len(node.src[0].src) != 2: continue
     buffer, address = node.src[0].src
     if buffer.op is not Ops.DEFINE_GLOBAL: continue
@@ -63,17 +63,6 @@ def _resolved_condition(condition: UOp) -> UOp:
   result = clauses[0]
   for clause in clauses[1:]: result = result & clause
   return simplify(result)
-
-
-def _outside_reductions(root: UOp) -> list[UOp]:
-  seen: dict[UOp, None] = {}
-  stack = [root]
-  while stack:
-    node = stack.pop()
-    if node in seen: continue
-    seen[node] = None
-    if node.op is not Ops.REDUCE: stack.extend(node.src)
-  return list(seen)
 
 
 def _use_gate(index: UOp) -> UOp:

@@ -155,21 +155,10 @@ def _is_zero(node: UOp) -> bool:
 def _free_ranges(node: UOp) -> set[UOp]:
   """The ranges a node needs open around it: all it uses except the loops of reductions inside it and of the
   staged copies it reads (those run before it)."""
-  nodes = _nodes_outside_stagings(node) if node.op is not Ops.AFTER else list(node.toposort)
+  nodes = node.reachable_without_entering(Ops.AFTER) if node.op is not Ops.AFTER else list(node.toposort)
   used = {n for n in nodes if n.op is Ops.RANGE}
   own = {r for n in nodes if n.op is Ops.REDUCE for r in n.src[1:]}
   return used - own
-
-
-def _nodes_outside_stagings(root: UOp) -> list[UOp]:
-  seen: dict[UOp, None] = {}
-  stack = [root]
-  while stack:
-    node = stack.pop()
-    if node in seen: continue
-    seen[node] = None
-    if node.op is not Ops.AFTER: stack.extend(node.src)
-  return list(seen)
 
 
 def output_loops(sink: UOp) -> list[UOp]:
