@@ -129,7 +129,7 @@ class jit:
     outputs = [_buffer_of(t) for t in _tensors_in(result)]
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
     if aliased: raise JitError(f"jit {self.function.__name__}: output aliases input {aliased[0]}")
-    self.kernels, self.result = capture.kernels, result
+    self.kernels, self.result = replan_temporaries(capture.kernels, input_buffers + outputs), result
     self.input_specs = [_InputSpec(t.shape, t.dtype, t.device) for t in tensors]
     self.non_tensor_arguments = others
     self.input_slots = [[(k, p) for k, kernel in enumerate(self.kernels) for p, b in enumerate(kernel.buffers)
@@ -168,6 +168,56 @@ class jit:
         self.graph.patch_buffer(kernel_index, position, buffer)
     self.graph.run()
     return self.result
+
+
+def _tensor_buffers() -> set[int]:
+  """Ids of the Buffers behind every BUFFER node a live tensor's graph holds."""
+  from rawgrad.runtime.device import _buffers
+  from rawgrad.tensor import all_tensors
+  held: set[int] = set()
+  for tensor in list(all_tensors):
+    for node in tensor.uop.toposort:
+      if node.op is Ops.BUFFER and (buffer := _buffers.get(node)) is not None: held.add(id(buffer))
+  return held
+
+
+def replan_temporaries(kernels: list[CapturedKernel], protected: list[Buffer]) -> list[CapturedKernel]:
+  """Re-plan the capture's temporaries (arena views no input, output or live tensor holds) across the whole kernel
+  list: reorder the kernels (dependencies kept, so replay computes the same bits) to shorten the temporaries'
+  lifetimes, pack them by lifetime into one arena per device, and drop the arenas they lived in before (each
+  schedule planned its own, by its own kernel order). Kept as captured when that would not use fewer bytes."""
+  from rawgrad.dtype import dtypes
+  from rawgrad.runtime.device import _buffers
+  from rawgrad.runtime.memory import order_for_memory, plan_arena
+  held = _tensor_buffers() | {id(b) for b in protected}
+  views: dict[int, Buffer] = {id(b): b for k in kernels for b in k.buffers if b.base is not None}
+  bases: dict[int, Buffer] = {id(b.base): b.base for b in views.values()}
+  # an arena is re-planned only if nothing outside the capture's temporaries still holds one of its views
+  shared = {id(b.base) for b in views.values() if id(b) in held or b.base.base is not None}
+  internal = [b for b in views.values() if id(b.base) not in shared]
+  if len(internal) < 2: return kernels
+  sizes: dict[object, int] = {b: b.nbytes for b in internal}
+  uses = [list(k.buffers) for k in kernels]
+  # reordering is only safe when every arena view is re-placed: views of a kept arena may share bytes, and their
+  # placements were only checked for the order the kernels were captured in
+  if shared: order = list(range(len(kernels)))
+  else: order = order_for_memory(uses, [k.buffers[0] if k.buffers else None for k in kernels], sizes)
+  new_kernels = [kernels[i] for i in order]
+  old_bytes = sum(bases[i].nbytes for i in {id(b.base) for b in internal})
+  new_views: dict[int, Buffer] = {}
+  new_bytes = 0
+  for device in sorted({b.device for b in internal}):
+    on_device = {b: n for b, n in sizes.items() if b.device == device}  # type: ignore[attr-defined]
+    arena_bytes, placements = plan_arena([list(k.buffers) for k in new_kernels], on_device)
+    new_bytes += arena_bytes
+    arena = Buffer(device, arena_bytes, dtypes.uint8)
+    for old, placement in placements.items():
+      new_views[id(old)] = Buffer(device, old.size, old.dtype, base=arena, offset=placement.offset)  # type: ignore
+  if new_bytes >= old_bytes: return kernels
+  for kernel in new_kernels: kernel.buffers = [new_views.get(id(b), b) for b in kernel.buffers]
+  for node, buffer in list(_buffers.items()):
+    if id(buffer) in new_views: _buffers[node] = new_views[id(buffer)]
+  return new_kernels
 
 
 class CommandGraph:

@@ -53,3 +53,49 @@ def _release(free: list[tuple[int, int]], placement: Placement) -> list[tuple[in
     if merged and merged[-1][0] + merged[-1][1] == offset: merged[-1] = (merged[-1][0], merged[-1][1] + size)
     else: merged.append((offset, size))
   return merged
+
+
+def order_for_memory(uses: list[list[object]], writes: list[object | None], sizes: dict[object, int]) -> list[int]:
+  """An order of the steps that keeps the buffers in `sizes` alive for less time, respecting every dependency.
+
+  Step i reads uses[i] and writes writes[i] (or nothing); a step runs after the last earlier writer of what it
+  touches, and a writer after the earlier readers of what it overwrites, so every step sees the same values as in
+  the given order. Greedy: among the ready steps, run the one that allocates the fewest and frees the most bytes
+  of `sizes` (ties: the earliest in the given order)."""
+  count = len(uses)
+  deps: list[set[int]] = [set() for _ in range(count)]
+  last_writer: dict[object, int] = {}
+  readers: dict[object, list[int]] = {}
+  remaining: dict[object, int] = {}
+  for step in range(count):
+    touched, written = set(uses[step]), writes[step]
+    deps[step].update(last_writer[b] for b in touched if b in last_writer)
+    if written is not None: deps[step].update(readers.pop(written, []))
+    for buffer in touched:
+      if buffer is not written: readers.setdefault(buffer, []).append(step)
+      if buffer in sizes: remaining[buffer] = remaining.get(buffer, 0) + 1
+    if written is not None: last_writer[written] = step
+    deps[step].discard(step)
+  children: list[list[int]] = [[] for _ in range(count)]
+  for step, before in enumerate(deps):
+    for parent in before: children[parent].append(step)
+  waiting = [len(before) for before in deps]
+  ready = [step for step in range(count) if not waiting[step]]
+  live: set[object] = set()
+  order: list[int] = []
+  def score(step: int) -> tuple[int, int]:
+    planned = {b for b in uses[step] if b in sizes}
+    return (sum(sizes[b] for b in planned if b not in live) - sum(sizes[b] for b in planned if remaining[b] == 1), step)
+  while ready:
+    step = min(ready, key=score)
+    ready.remove(step)
+    order.append(step)
+    for buffer in {b for b in uses[step] if b in sizes}:
+      live.add(buffer)
+      remaining[buffer] -= 1
+      if not remaining[buffer]: live.discard(buffer)
+    for child in children[step]:
+      waiting[child] -= 1
+      if not waiting[child]: ready.append(child)
+  if len(order) != count: raise RuntimeError("order_for_memory: the dependencies have a cycle")
+  return order

@@ -185,3 +185,24 @@ def test_training_step_replay_is_bit_identical_to_eager() -> None:
 
   for eager, replayed in zip(train(False), train(True)):
     np.testing.assert_array_equal(replayed, eager)
+
+
+def test_capture_replans_temporaries_into_one_arena() -> None:
+  weight = Tensor(rng.standard_normal((64, 64)).astype(np.float32))
+
+  def part(x: Tensor) -> Tensor:
+    hidden = (x @ weight).relu()
+    hidden = hidden - hidden.max(1, keepdim=True)
+    return ((hidden.exp() / hidden.exp().sum(1, keepdim=True)) @ weight).softmax(1).sum(1)
+
+  def two_schedules(x: Tensor) -> tuple[Tensor, Tensor]:
+    return part(x).realize(), part(x * 2).realize()   # two schedules, each planned into an arena of its own
+
+  jitted = jit(two_schedules)
+  for x in _inputs(2, (64, 64)): jitted(Tensor(x))
+  views = [b for k in jitted.kernels for b in k.buffers if b.base is not None]
+  assert len({id(b.base) for b in views}) == 1
+  assert views[0].base.nbytes < 2 * 64 * 64 * 4 * 2   # each schedule alone needs more than 64 * 64 * 4 * 2
+  for x in _inputs(3, (64, 64)):
+    eager = [t.numpy() for t in two_schedules(Tensor(x))]
+    for replayed, expected in zip(jitted(Tensor(x)), eager): np.testing.assert_array_equal(replayed.numpy(), expected)

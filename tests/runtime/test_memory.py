@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rawgrad import GlobalCounters, Tensor
-from rawgrad.runtime.memory import ALIGNMENT, plan_arena
+from rawgrad.runtime.memory import ALIGNMENT, order_for_memory, plan_arena
 
 
 @st.composite
@@ -56,3 +56,29 @@ def test_planned_schedule_computes_the_same_values() -> None:
   np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5)
   assert GlobalCounters.kernel_count >= 5
   assert GlobalCounters.mem_peak > 0
+
+
+@settings(max_examples=300, deadline=None)
+@given(schedules(), st.data())
+def test_reordering_keeps_every_dependency(case: tuple[list[list[int]], dict[int, int]], data: st.DataObject) -> None:
+  uses, sizes = case
+  writes = [data.draw(st.sampled_from(touched)) if touched else None for touched in uses]
+  order = order_for_memory(uses, writes, sizes)
+  assert sorted(order) == list(range(len(uses)))
+  position = {step: index for index, step in enumerate(order)}
+  for later in range(len(uses)):
+    for earlier in range(later):
+      conflict = (writes[earlier] is not None and writes[earlier] in uses[later]) or \
+                 (writes[later] is not None and writes[later] in uses[earlier])
+      if conflict: assert position[earlier] < position[later], (earlier, later, order)
+
+
+def test_reordering_shortens_lifetimes() -> None:
+  # steps 0 and 1 each make a big buffer; step 2 consumes a and step 3 consumes b: running 2 before 1 means a and b
+  # are never alive together
+  uses = [["a"], ["b"], ["a", "out_a"], ["b", "out_b"]]
+  writes = ["a", "b", "out_a", "out_b"]
+  sizes = {"a": 1024, "b": 1024}
+  order = order_for_memory(uses, writes, sizes)
+  assert order == [0, 2, 1, 3]
+  assert plan_arena([uses[i] for i in order], sizes)[0] == 1024 < plan_arena(uses, sizes)[0]
