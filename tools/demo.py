@@ -57,13 +57,14 @@ def main() -> None:
       progress.set_postfix(loss=f"{loss:.3f}")
     trace = profile.write_trace()
 
+  training_peak = GlobalCounters.mem_peak  # before evaluation, which allocates buffers of its own
   test_accuracy = accuracy(model, test_x, test_y)
   replay_times = sorted(step_times[3:]) or step_times
   print(f"test accuracy:        {test_accuracy:.2%}")
   print(f"time per train step:  {replay_times[len(replay_times) // 2] * 1e3:.1f} ms (median of jit replays, "
         f"batch {arguments.batch})")
   print(f"kernels per step:     {len(step.kernels)}")
-  print(f"peak buffer memory:   {GlobalCounters.mem_peak / 1e6:.1f} MB")
+  print(f"peak buffer memory:   {training_peak / 1e6:.1f} MB (training steps)")
   print(f"first step finished:  {first_step:.1f} s after start (compiles included)")
   print(f"profile trace:        {trace}")
 
