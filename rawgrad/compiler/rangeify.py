@@ -132,6 +132,7 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
   in-bounds condition (the value outside it is 0)."""
   op, source_shape = node.op, node.src[0].shape
   if op is Ops.RESHAPE:
+    if (moved := _reshape_of_ones(idx, node.shape, source_shape)) is not None: return moved, valid, None
     flat = linear_index(idx, node.shape)
     new = tuple((flat // stride) % size for stride, size in zip(_strides(source_shape), source_shape))
   elif op is Ops.EXPAND:
@@ -156,6 +157,15 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
     raise ValueError(f"{op} is not a movement op")
   new, valid = _simplified(new, valid)
   return new, valid, None
+
+
+def _reshape_of_ones(idx: Index, shape: tuple, source_shape: tuple) -> Index | None:
+  """A reshape that only adds or removes axes of size 1 (unsqueeze, squeeze, broadcasting's reshapes) moves the
+  indices of the other axes unchanged: no flattening and unflattening to simplify."""
+  kept = [i for i, size in zip(idx, shape) if not _is_one(size)]
+  if [s for s in shape if not _is_one(s)] != [s for s in source_shape if not _is_one(s)]: return None
+  kept_iter = iter(kept)
+  return tuple(as_index(0) if _is_one(size) else next(kept_iter) for size in source_shape)
 
 
 def _is_one(size: object) -> bool:
