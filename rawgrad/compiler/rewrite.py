@@ -205,6 +205,9 @@ class RewriteStep:
 
 REWRITE_TRACE: list[RewriteStep] = []
 MAX_REWRITES_PER_NODE = 10_000
+# rules that keep producing new nodes (x -> f(x + 1)) never converge without ever rewriting one node in place
+# 10,000 times; a whole rewrite firing this many rules per node of its input is taken to be such a loop
+MAX_REWRITES_PER_INPUT_NODE = 1_000
 
 
 class _Rewriter:
@@ -228,11 +231,16 @@ class _Rewriter:
       if result is REVISIT: return REVISIT
       if not isinstance(result, UOp):
         raise RewriteError(f"{self.name}: rule at {rule.location} returned {type(result).__name__}, not a UOp")
+      self.fired += 1
+      if self.fired > self.budget:
+        raise RewriteError(f"{self.name}: rules fired {self.fired} times on a graph of {self.budget // 1000} nodes "
+                           f"without converging (last at {rule.location}, making a {result.op})")
       if self.tracing: REWRITE_TRACE.append(RewriteStep(self.name, rule.location, node, result))
       node = result
     raise RewriteError(f"{self.name}: rules do not converge at {node.op} after {MAX_REWRITES_PER_NODE} rewrites")
 
   def run(self, root: UOp) -> UOp:
+    self.fired, self.budget = 0, MAX_REWRITES_PER_INPUT_NODE * len(root.toposort)
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
     rounds_without_progress = 0
     while True:

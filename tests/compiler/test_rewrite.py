@@ -426,3 +426,15 @@ def test_no_rules_returns_the_identical_root(root: UOp, bottom_up: bool) -> None
   # rules that always decline are the same as none
   declining = PatternMatcher([(UPat(name="x"), lambda x: None), (UPat(GroupOp.ALU, name="x"), lambda x: x)])
   assert graph_rewrite(root, declining, bottom_up=bottom_up) is root
+
+
+def test_rules_that_keep_making_new_nodes_raise_instead_of_looping() -> None:
+  """x + c -> NOOP(x + (c+1)) rewrites a fresh node each time, never the same node in place: the per-graph budget
+  catches it."""
+  x = UOp.variable("grow", 0, 10)
+  growing = PatternMatcher([(UPat(Ops.ADD, src=(UPat.var("a"), UPat.cvar("c"))),
+                             lambda a, c: UOp(Ops.NOOP, dtypes.index, (a + (c.arg + 1),)))])
+  start = time.monotonic()
+  with pytest.raises(RewriteError, match="without converging"):
+    graph_rewrite(x + 1, growing)
+  assert time.monotonic() - start < 10
