@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
-from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
+from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
 from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import dtypes
@@ -297,7 +297,14 @@ class KernelBuilder:
     store_index = UOp(Ops.INDEX, self.output.dtype.ptr(self.output.arg),
                       (self.params[self.output], self.store_index(idx)))
     store = UOp(Ops.STORE, dtypes.void, (store_index, value.cast(self.output.dtype)))
-    return simplify(UOp(Ops.SINK, dtypes.void, (store,), kernel_name(self.root, store)))
+    return simplify(UOp(Ops.SINK, dtypes.void, (self.unbind(store),), kernel_name(self.root, store)))
+
+  def unbind(self, store: UOp) -> UOp:
+    """Bound variables (in sizes, hence in indices) become kernel parameters: the kernel is compiled once for every
+    value, and the values travel in the argument block."""
+    binds = {node: node.src[0] for node in store.toposort if node.op is Ops.BIND}
+    for bind, variable in binds.items(): self.var_values[variable] = bind.src[1].arg
+    return substitute(store, binds)
 
   def store_index(self, idx: Index) -> UOp:
     """Where element `idx` of the root goes: the plain layout, or through the view an assign writes into."""
@@ -326,11 +333,7 @@ class KernelBuilder:
     if op is Ops.BUFFER: return self.load(node, node.shape, idx, valid)
     if op is Ops.CONST: return UOp.const(node.dtype, node.arg)
     if op is Ops.IOTA: return idx[0].cast(node.dtype)
-    if op is Ops.BIND:
-      variable, value = node.src
-      self.var_values[variable] = value.arg
-      return variable
-    if op is Ops.DEFINE_VAR: return node
+    if op in (Ops.BIND, Ops.DEFINE_VAR): return node  # unbind() turns bound ones into parameters
     if op in GroupOp.Movement:
       source_idx, source_valid, in_bounds = index_through(node, idx, valid)
       value = self.lower(node.src[0], source_idx, source_valid)
