@@ -29,6 +29,14 @@ class ShapeOps:
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
+  @staticmethod
+  def einsum(formula: str, *operands: Any) -> Any:
+    return _einsum(formula, *operands)
+
+  def interpolate(self, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+                  align_corners: bool | None = None) -> Any:
+    return _interpolate(self, size, scale_factor, mode, align_corners)
+
   # *** reshaping and reordering ***
 
   def unflatten(self, dim: int, sizes: Sequence[int]) -> Tensor:
@@ -663,7 +671,7 @@ def _take_diagonals(tensor: Any, letters: str) -> tuple[Any, str]:
   return tensor, letters
 
 
-def einsum(formula: str, *operands: Any) -> Any:
+def _einsum(formula: str, *operands: Any) -> Any:
   """torch.einsum: every operand is aligned to all the formula's letters, multiplied, and summed over the letters
   missing from the output (one fused kernel for a contraction)."""
   if len(operands) == 1 and isinstance(operands[0], (list, tuple)): operands = tuple(operands[0])
@@ -717,7 +725,7 @@ def _resize_axis(tensor: Any, axis: int, out_size: int, mode: str, align_corners
 _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
 
 
-def interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
+def _interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: str = "nearest",
                 align_corners: bool | None = None) -> Any:
   """torch.nn.functional.interpolate over the axes after (N, C): each axis resized separately, so bilinear is
   linear along height and then along width (exactly torch's result)."""
@@ -737,6 +745,3 @@ def interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: str
     if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)
   return result
 
-
-ShapeOps.einsum = staticmethod(einsum)  # type: ignore[attr-defined]
-ShapeOps.interpolate = interpolate  # type: ignore[attr-defined]
