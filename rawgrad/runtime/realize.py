@@ -1,7 +1,7 @@
 """Run a schedule: lower each kernel to a compiled runner, execute it, count and report what it did."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,9 +35,14 @@ class CompiledRunner:
   variables: tuple[UOp, ...]
   parallel: bool = False          # the kernel can be launched with cores > 1 (slice `core` of `cores` per call)
   cores: int = 1                  # slices of the parallel loop a launch runs on
+  costs: dict = field(default_factory=dict)
 
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
-    return estimate_cost(self.program, var_values)
+    """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
+    time would put the whole program on the launch path)."""
+    key = tuple(sorted((v.arg[0], value) for v, value in var_values.items()))
+    if key not in self.costs: self.costs[key] = estimate_cost(self.program, var_values)
+    return self.costs[key]
 
   def kernargs(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> np.ndarray:
     """The argument block: one 8-byte slot per used buffer address, then per variable value."""
