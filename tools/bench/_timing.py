@@ -1,5 +1,6 @@
-"""Shared by the kernel benchmarks: time rawgrad's kernels and the references (numpy, torch when importable)
-interleaved in one run, best of several repetitions, and print one line per figure with the ratio.
+"""Shared by the kernel benchmarks: time rawgrad's kernels and the references (numpy, torch when importable) in
+turns of a fraction of a second in one run, best of several repetitions, and print one line per figure with the
+ratio.
 
 Our time is `run_schedule` of the tensor's kernels into buffers allocated once: the product path (compiled kernel,
 launch through the device queue on all cores, wait), without scheduling the tensor graph again; the kernels' own time
@@ -21,6 +22,9 @@ from rawgrad.helpers import GlobalCounters, getenv  # noqa: E402
 from rawgrad.runtime.realize import run_schedule  # noqa: E402
 
 BENCH_SECONDS = getenv("BENCH_SECONDS", 2.0)
+BLOCK_SECONDS = 0.3     # one function's turn
+SETTLE_SECONDS = 0.12   # runs that start earlier in a turn do not count: other libraries' threads still spin
+MIN_COUNTED_RUNS = 3    # runs that count in every turn, however slow the function
 KERNEL = "rawgrad kernels"  # best device time of our kernels, recorded by the `rawgrad` function
 
 try:
@@ -42,23 +46,30 @@ def kernels_of(*tensors) -> Callable[[], float]:
   return run
 
 
-def best_times(functions: dict[str, Callable[[], object]], budget_s: float | None = None, min_repeats: int = 3,
-               max_repeats: int = 200) -> dict[str, float]:
-  """Best wall time of each function, repeated round-robin (so load on the machine hits all of them alike); for
-  `rawgrad`, also the best time its kernels reported."""
+def best_times(functions: dict[str, Callable[[], object]], budget_s: float | None = None, min_rounds: int = 2,
+               block_s: float = BLOCK_SECONDS) -> dict[str, float]:
+  """Best wall time of each function; for `rawgrad`, also the best time its kernels reported. The functions take turns
+  of at least `block_s` (so load on the machine hits all of them alike); runs that start in the first
+  SETTLE_SECONDS of a turn do not count: a library's threads keep spinning for up to ~0.1 s after each call
+  (OpenBLAS, OpenMP; measured: a rawgrad matmul right after numpy's runs at half speed), and whatever runs right
+  after shares the cores with them."""
   budget_s = BENCH_SECONDS if budget_s is None else budget_s
   for function in functions.values(): function()  # warm up: compile, fault pages in, start threads
   best = {name: float("inf") for name in functions}
   best[KERNEL] = float("inf")
   start = time.perf_counter()
-  repeats = 0
-  while repeats < min_repeats or (repeats < max_repeats and time.perf_counter() - start < budget_s):
+  rounds = 0
+  while rounds < min_rounds or time.perf_counter() - start < budget_s:
     for name, function in functions.items():
-      begin = time.perf_counter()
-      result = function()
-      best[name] = min(best[name], time.perf_counter() - begin)
-      if name == "rawgrad" and isinstance(result, float): best[KERNEL] = min(best[KERNEL], result)
-    repeats += 1
+      block_start, counted = time.perf_counter(), 0
+      while counted < MIN_COUNTED_RUNS or time.perf_counter() - block_start < block_s:
+        begin = time.perf_counter()
+        result = function()
+        if begin - block_start < SETTLE_SECONDS: continue
+        counted += 1
+        best[name] = min(best[name], time.perf_counter() - begin)
+        if name == "rawgrad" and isinstance(result, float): best[KERNEL] = min(best[KERNEL], result)
+    rounds += 1
   return best
 
 

@@ -38,6 +38,7 @@ class _Linearizer:
     # REDUCEs over the same loops (copies made by unrolling) share one loop, each with its own accumulator
     self.reduces_by_loops: dict[tuple[UOp, ...], list[UOp]] = defaultdict(list)
     self.needs: dict[UOp, set[UOp]] = {}
+    self.nest_nodes: set[UOp] = set()  # what the stores of the current loop nest compute
     for node in sink.toposort:
       if node.op is Ops.REDUCE:
         self.reduces_by_loops[node.src[1:]].append(node)
@@ -94,10 +95,12 @@ class _Linearizer:
         pending.remove(node)
 
   def reduce_group(self, node: UOp) -> list[UOp]:
-    """The REDUCEs that run in one loop with `node`: same loops, not yet computed, computable here, independent."""
+    """The REDUCEs that run in one loop with `node`: same loops, not yet computed, computable here, needed by a store
+    of this loop nest, independent."""
     group = [node]
     for other in self.reduces_by_loops[node.src[1:]]:
       if other is node or self.lookup(other) is not None or not self.needs[other] <= set(self.open_loops): continue
+      if other not in self.nest_nodes: continue
       if any(other in member.toposort or member in other.toposort for member in group): continue
       group.append(other)
     return group
@@ -161,27 +164,36 @@ def _free_ranges(node: UOp) -> set[UOp]:
   return used - own
 
 
-def output_loops(sink: UOp) -> list[UOp]:
-  """The loops around the stores: every range used outside a reduction, in loop order (by id; the parallel loop, if
-  any, has the lowest)."""
+def output_loops(node: UOp) -> tuple[UOp, ...]:
+  """The loops around a store (or all stores of a SINK): every range used outside a reduction, in loop order (by id;
+  the parallel loop, if any, has the lowest)."""
   inner: set[UOp] = set()
-  for node in sink.toposort:
-    if node.op is Ops.REDUCE: inner.update(node.src[1:])
-  return sorted((n for n in sink.toposort if n.op is Ops.RANGE and n not in inner and n.arg[1] != "stage"),
-                key=lambda r: r.arg[0])
+  for each in node.toposort:
+    if each.op is Ops.REDUCE: inner.update(each.src[1:])
+  return tuple(sorted((n for n in node.toposort if n.op is Ops.RANGE and n not in inner and n.arg[1] != "stage"),
+                      key=lambda r: r.arg[0]))
 
 
 def linearize(ast: UOp) -> list[UOp]:
-  """The linear program of a kernel (a SINK of STOREs, all inside the same output loops)."""
+  """The linear program of a kernel: a SINK of STOREs, each inside its output loops. Consecutive stores over the same
+  loops share one loop nest; stores over different loops (a peeled remainder) share the loops their nests begin
+  with."""
   linearizer = _Linearizer(ast)
-  loops = output_loops(ast)
   stagings = [node for node in ast.toposort if node.op is Ops.AFTER]
   linearizer.emit_ready_stagings(stagings)
-  for loop in loops:
-    linearizer.open_loop(loop)
-    linearizer.emit_ready_stagings(stagings)
-  for store in ast.src: linearizer.emit(store)
-  for loop in reversed(loops): linearizer.close_loop(loop)
+  nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
+           for loops in dict.fromkeys(tuple(output_loops(store)) for store in ast.src)]
+  for loops, stores in nests:
+    shared = 0
+    while shared < min(len(loops), len(linearizer.open_loops)) and linearizer.open_loops[shared] is loops[shared]:
+      shared += 1
+    for loop in reversed(linearizer.open_loops[shared:]): linearizer.close_loop(loop)
+    for loop in loops[shared:]:
+      linearizer.open_loop(loop)
+      linearizer.emit_ready_stagings(stagings)
+    linearizer.nest_nodes = {node for store in stores for node in store.toposort}
+    for store in stores: linearizer.emit(store)
+  for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)
   return linearizer.program
 
 

@@ -1,6 +1,7 @@
 """The codegen pipeline of one kernel: choose opts, apply them, expand vectors and copies, linearize.
 
-    kernel AST (rangeify) -> simplify_gated_indices -> apply_opts -> expand -> linearize -> program (for a renderer)
+    kernel AST (rangeify) -> simplify_gated_indices -> apply_opts -> peel_remainders -> expand -> linearize
+      -> program (for a renderer)
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from rawgrad.compiler.codegen.expand import expand
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
 from rawgrad.compiler.codegen.linearize import linearize
 from rawgrad.compiler.codegen.opt.kernel import PARALLEL, Opt, all_ranges, apply_opts, range_kind
+from rawgrad.compiler.codegen.peel import peel_remainders
 from rawgrad.compiler.ir import Ops, UOp
 
 
@@ -44,7 +46,7 @@ def lower_kernel(ast: UOp, opts: Sequence[Opt] | None = None) -> LoweredKernel:
   optimized = apply_opts(simplify_gated_indices(ast), opts)
   parallel = [r for r in all_ranges(optimized) if range_kind(r) == PARALLEL]
   size = parallel[0].src[0].arg if parallel and parallel[0].src[0].op is Ops.CONST else None
-  return LoweredKernel(ast.arg, tuple(opts), linearize(expand(optimized)), bool(parallel), size)
+  return LoweredKernel(ast.arg, tuple(opts), linearize(expand(peel_remainders(optimized))), bool(parallel), size)
 
 
 def kernel_buffers(ast: UOp) -> list[UOp]:

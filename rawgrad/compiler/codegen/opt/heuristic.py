@@ -26,6 +26,7 @@ from rawgrad.compiler.codegen.opt.kernel import (Opt, OptError, OptOps, apply_op
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 
 MAX_ACCUMULATORS = 24          # of AVX-512's 32 vector registers; the rest hold loaded values
+MAX_ROW_BLOCK = 12             # rows of a register block: each is a stream through memory, more thrash the L1 sets
 PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other cores costs more than it saves
 PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
 STAGE_BYTES = 1 << 20          # one packed tile: half the L2 cache, and all a local buffer may hold
@@ -202,23 +203,34 @@ def _vectorize(plan: _Planner, axis: UOp, across_reduce: bool, lanes: int) -> No
 
 
 def _block_registers(plan: _Planner, vector_outer: UOp | None, vectors: int) -> None:
-  """Unroll output loops so each loaded value feeds several accumulators: the vector axis once more when some load
-  is a broadcast scalar, and the output loop along which a loaded vector does not move."""
+  """Unroll output loops so each loaded value feeds several accumulators: the output loop along which a loaded vector
+  does not move (a matmul's rows: each vector of B then feeds a block of rows), and the vector axis once more when
+  some load is a broadcast scalar (each broadcast then feeds two vectors). The rows are unrolled first so the copies
+  run row by row: a broadcast is used as soon as it is loaded, and LLVM keeps the block in registers (column by
+  column, all the broadcasts of a block are live at once and spill)."""
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   budget = MAX_ACCUMULATORS // vectors
+  across = 0
   if vector_outer is not None and budget >= 4 and any(not plan.uses_lanes(a.index) for a in loads):
-    amount, count = unroll_amount(_constant(size_of(vector_outer)), 2), len(plan.opts)
-    if amount:
-      after = plan.apply(OptOps.UNROLL, vector_outer, amount)
-      if len(plan.opts) > count: budget, vector_outer = budget // amount, after
-  vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
+    across = unroll_amount(_constant(size_of(vector_outer)), 2)
+  vector_loads = [a for a in loads if plan.uses_lanes(a.index)]
   reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
            and _constant(size_of(r)) != 1]
   if reuse:
-    plan.apply(OptOps.UNROLL, reuse[-1], unroll_amount(_constant(size_of(reuse[-1])), min(8, budget)))
+    rows = reuse[-1]
+    vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
+    rows_position, loops_before = plan.loops.index(rows), len(plan.loops)
+    # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
+    amount = min(_constant(size_of(rows)) or MAX_ROW_BLOCK, budget // max(across, 1), MAX_ROW_BLOCK)
+    if amount >= 2: plan.apply(OptOps.UNROLL, rows, amount)
+    if vector_position is not None and across:
+      if len(plan.loops) < loops_before and rows_position < vector_position: vector_position -= 1
+      plan.apply(OptOps.UNROLL, plan.loops[vector_position], across)
   elif vector_outer is not None and _jumps(plan, vector_loads):
     # nothing to reuse (a sum over columns): read longer runs of each row before jumping to the next
     plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(_constant(size_of(vector_outer)), min(8, budget)))
+  elif vector_outer is not None and across:
+    plan.apply(OptOps.UNROLL, vector_outer, across)
 
 
 def _jumps(plan: _Planner, loads: list[Access]) -> bool:
@@ -280,12 +292,19 @@ def _work(ast: UOp) -> int | None:
   return total * max(1, operations)
 
 
+def _gated(ast: UOp, r: UOp) -> bool:
+  """Some access is gated on the loop (a split it does not divide left a shorter last block)."""
+  return any(node.op is Ops.INDEX and len(node.src) == 3 and r in node.src[2].toposort for node in ast.toposort)
+
+
 def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
   """Run an output loop on all cores: the outermost (always, when a packed tile must stay per core), else the first
   with enough iterations to share out, else the first that has more than one."""
   if work is not None and work < PARALLEL_MIN_WORK: return
   loops = [r for r in plan.output_loops if _constant(size_of(r)) != 1]
   if not loops: return
+  # codegen peels the shorter last block off an ordinary loop, not off one split between cores
+  loops = [r for r in loops if not _gated(plan.ast, r)] or loops
   if not outermost:
     loops = [r for r in loops if (_constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])

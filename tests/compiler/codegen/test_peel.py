@@ -1,0 +1,69 @@
+"""Peeling: a split an output loop's size does not divide leaves its gates only in the peeled last iteration, and the
+kernel computes the same values, with the remainder of any length, on any number of cores."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rawgrad.compiler.codegen.lower import lower_kernel
+from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps, apply_opts
+from rawgrad.compiler.codegen.peel import peel_remainders
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.tensor import Tensor
+
+from conftest import last_kernel, run_item
+
+ROW_BLOCKS = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 0, 12), Opt(OptOps.UNROLL, 1, 2)]
+
+
+def rand(*shape: int, seed: int) -> np.ndarray:
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def gates(program: list[UOp]) -> list[UOp]:
+  return [u.src[2] for u in program if u.op is Ops.INDEX and len(u.src) == 3]
+
+
+@pytest.mark.parametrize("m", [1, 11, 12, 13, 25, 50])
+def test_row_blocks_with_a_remainder_match_numpy(m: int) -> None:
+  a, b = rand(m, 37, seed=1), rand(37, 70, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  columns = 1 if m > 12 else 0  # 12 rows or fewer leave no loop over row blocks
+  for opts in (ROW_BLOCKS, ROW_BLOCKS + [Opt(OptOps.PARALLEL, columns)],
+               ROW_BLOCKS + [Opt(OptOps.TILE, columns, 2), Opt(OptOps.PARALLEL, 0), Opt(OptOps.LOCAL, 0, 2)]):
+    for cores in (1, 3):
+      got = run_item(item, opts, cores).reshape(m, 70)
+      np.testing.assert_allclose(got, a @ b, rtol=1e-4, atol=1e-4, err_msg=f"{opts}, {cores} cores")
+
+
+def test_the_main_loop_has_no_gates() -> None:
+  item = last_kernel(Tensor(rand(50, 37, seed=1)) @ Tensor(rand(37, 64, seed=2)))
+  program = lower_kernel(item.ast, ROW_BLOCKS).program
+  # every gate left is a constant of the peeled last block (rows 48 and 49 of it exist, the rest do not)
+  assert gates(program) and all(gate.op is Ops.CONST for gate in gates(program))
+  ranges = [u for u in program if u.op is Ops.RANGE]
+  assert [r.src[0].arg for r in ranges if r.arg[1] == "loop"] == [4, 2, 2]  # rows 0..47 by 12, columns twice
+
+
+def test_two_loops_peel_into_four_nests() -> None:
+  a, b = rand(25, 19, seed=1), rand(19, 21, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  opts = [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 3), Opt(OptOps.UNROLL, 1, 2)]
+  peeled = peel_remainders(apply_opts(item.ast, opts))
+  assert len(peeled.src) == 4
+  np.testing.assert_allclose(run_item(item, opts).reshape(25, 21), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_loop_split_between_cores_is_not_peeled() -> None:
+  item = last_kernel(Tensor(rand(50, 37, seed=1)) @ Tensor(rand(37, 64, seed=2)))
+  optimized = apply_opts(item.ast, ROW_BLOCKS + [Opt(OptOps.PARALLEL, 0)])
+  assert peel_remainders(optimized) is optimized
+
+
+def test_heuristics_block_rows_the_size_does_not_divide() -> None:
+  a, b = rand(100, 64, seed=1), rand(64, 96, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  opts = hand_coded_opts(item.ast)
+  assert Opt(OptOps.UNROLL, 0, 12) in opts, opts
+  np.testing.assert_allclose(run_item(item, None, 2).reshape(100, 96), a @ b, rtol=1e-4, atol=1e-4)
