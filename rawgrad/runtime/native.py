@@ -117,6 +117,7 @@ SIGNAL_BYTES = 64            # a signal uses 16 bytes; it gets a cache line to i
 PURE_SPIN_NS = 2_000         # spin loops pause this long, then yield the CPU on every step
 WAIT_BACKOFF_MIN_NS = 50_000  # a sleeping WAIT rechecks its signal after this, doubling up to the maximum
 WAIT_BACKOFF_MAX_NS = 1_000_000
+HOST_SPIN_NS = 50_000        # the host spins this long for a signal (a tiny kernel's whole run), then sleeps
 
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
 PAUSE = {  # (declaration, call) of the spin-loop hint
@@ -290,6 +291,58 @@ ready:
   ret i1 true
 stopped:
   ret i1 false
+}
+
+; the host's wait, called through ctypes (other Python threads run meanwhile): 1 once the signal reaches target, 0
+; after timeout_ns, 2 when the processor has recorded a fault. Spins for spin_ns (pausing, then yielding), then sleeps
+; on the signal's futex, which SIGNAL wakes, at most WAIT_BACKOFF_MAX_NS at a time so a fault is noticed. Unlike a
+; Python polling loop, it takes no CPU from the kernels it waits for.
+define i64 @host_wait(ptr %rt, ptr %signal, i64 %target, i64 %spin_ns, i64 %timeout_ns) {
+entry:
+  %error_field = getelementptr inbounds i8, ptr %rt, i64 $ERROR_CODE
+  %sleepers_field = getelementptr inbounds i8, ptr %rt, i64 $SIGNAL_SLEEPERS
+  %sleepers_int = load i64, ptr %sleepers_field, align 8
+  %sleepers = inttoptr i64 %sleepers_int to ptr
+  %start = call i64 @now_ns()
+  br label %check
+check:
+  %v = load atomic i64, ptr %signal acquire, align 8
+  %ready = icmp uge i64 %v, %target
+  br i1 %ready, label %done, label %check_fault
+check_fault:
+  %error = load atomic i64, ptr %error_field acquire, align 8
+  %faulted = icmp ne i64 %error, 0
+  br i1 %faulted, label %fault, label %check_time
+check_time:
+  %now = call i64 @now_ns()
+  %elapsed = sub i64 %now, %start
+  %late = icmp uge i64 %elapsed, %timeout_ns
+  br i1 %late, label %timeout, label %choose
+choose:
+  %spinning = icmp ult i64 %elapsed, %spin_ns
+  br i1 %spinning, label %spin, label %announce
+spin:
+  call void @spin_step(i64 %elapsed)
+  br label %check
+announce:
+  %s0 = atomicrmw add ptr %sleepers, i32 1 seq_cst
+  %v2 = load atomic i64, ptr %signal seq_cst, align 8
+  %ready2 = icmp uge i64 %v2, %target
+  br i1 %ready2, label %leave, label %sleep
+sleep:
+  %low = trunc i64 %v2 to i32
+  call void @futex_wait(ptr %signal, i32 %low, i64 $WAIT_BACKOFF_MAX_NS)
+  %s1 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
+  br label %check
+leave:
+  %s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
+  br label %done
+done:
+  ret i64 1
+timeout:
+  ret i64 0
+fault:
+  ret i64 2
 }
 
 ; *** parallel jobs
@@ -781,6 +834,7 @@ class _NativeCode:
   submit_commands: Callable[[int, int, int], int]
   store_signal: Callable[[int, int, int], None]
   load_acquire: Callable[[int], int]
+  host_wait: Callable[[int, int, int, int, int], int]
   shutdown_runtime: Callable[[int], None]
   signal_sleepers: np.ndarray  # the process-wide u32 count of WAITs sleeping on a signal
   signal_sleepers_address: int
@@ -798,6 +852,7 @@ def _native_code() -> _NativeCode:
     submit_commands=ctypes.CFUNCTYPE(ctypes.c_int64, ptr, u64, u64)(address["submit_commands"]),
     store_signal=ctypes.CFUNCTYPE(None, ptr, u64, ptr)(address["store_signal"]),
     load_acquire=ctypes.CFUNCTYPE(u64, ptr)(address["load_acquire"]),
+    host_wait=ctypes.CFUNCTYPE(ctypes.c_int64, ptr, ptr, u64, u64, u64)(address["host_wait"]),
     shutdown_runtime=ctypes.CFUNCTYPE(None, ptr)(address["shutdown_runtime"]),
     signal_sleepers=sleepers, signal_sleepers_address=sleepers.ctypes.data)
 
@@ -1095,10 +1150,15 @@ class NativeRuntime:
 
   def wait_signal(self, signal: Signal, value: int, timeout_s: float = 10.0) -> None:
     """Returns once signal >= value; raises TimeoutError after timeout_s, RuntimeError on a recorded fault."""
-    memory = signal._memory
-    if int(memory[0]) < value:
-      self._wait_until(lambda: int(memory[0]) >= value, timeout_s,
-                       lambda: f"{signal.name} at {signal.address:#x} is {signal.value}, waited for {value}")
+    if int(signal._memory[0]) < value:
+      deadline = time.perf_counter() + timeout_s
+      # native waits in slices, so Ctrl-C still gets through between them
+      while (status := self._state.code.host_wait(self._control_address, signal.address, value, HOST_SPIN_NS,
+                                                  int(min(max(deadline - time.perf_counter(), 0), 0.1) * 1e9))) != 1:
+        if status == 2: self.check_faults()
+        if time.perf_counter() >= deadline:
+          raise TimeoutError(f"timed out after {timeout_s}s: {signal.name} at {signal.address:#x} is {signal.value}, "
+                             f"waited for {value}; {self._queue_state()}")
     self._acquire(signal.address)
     self.check_faults()
 

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+import threading
 from collections.abc import Iterator
 
 import numpy as np
@@ -571,3 +572,20 @@ def test_hcq_signal_wait_times_out_instead_of_hanging() -> None:
   with pytest.raises(TimeoutError, match="waited for"):
     device.timeline_signal.wait(device.timeline_value + 1000, timeout_s=0.2)
   assert _time.monotonic() - start < 5
+
+
+def test_a_fault_ends_a_host_wait_on_the_signal_it_skipped(runtime: NativeRuntime) -> None:
+  after = Signal(name="after")
+  runtime.submit(np.array([99, Op.SIGNAL, after.address, 1], np.uint64))
+  with pytest.raises(RuntimeError, match=r"unknown opcode 99"):
+    runtime.wait_signal(after, 1, TIMEOUT)  # raised from the fault, long before the timeout
+  assert after.value == 0
+
+
+def test_a_host_wait_sleeping_on_a_signal_wakes_when_it_is_set(runtime: NativeRuntime) -> None:
+  signal = Signal(name="later")
+  setter = threading.Timer(0.05, lambda: runtime.set_signal(signal, 3))  # after the host has gone to sleep
+  setter.start()
+  runtime.wait_signal(signal, 3, TIMEOUT)
+  setter.join()
+  assert signal.value == 3
