@@ -61,6 +61,7 @@ class Ops(Enum):
   BUFFER_VIEW = auto()
   DEFINE_GLOBAL = auto()
   DEFINE_LOCAL = auto()
+  DEFINE_SCRATCH = auto()  # an array in the kernel's image, shared by its slices (a GROUP's partial results)
   DEFINE_REG = auto()
   INDEX = auto()
   LOAD = auto()
@@ -76,7 +77,7 @@ class Ops(Enum):
   END = auto()
   IF = auto()
   ENDIF = auto()
-  BARRIER = auto()
+  BARRIER = auto()  # BARRIER(scratch): a GROUP's slices meet; only the one that finishes last goes on
   KERNEL = auto()
   NOOP = auto()
   UNIQUE = auto()
@@ -101,8 +102,9 @@ class GroupOp:
   ALU = Unary | Binary | Ternary
   Reduce = frozenset({Ops.REDUCE_AXIS, Ops.REDUCE})
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
-  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_REG, Ops.INDEX,
-                      Ops.LOAD, Ops.STORE, Ops.BUFFERIZE, Ops.CONTIGUOUS, Ops.REALIZE, Ops.COPY, Ops.ASSIGN})
+  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_SCRATCH,
+                      Ops.DEFINE_REG, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.BUFFERIZE, Ops.CONTIGUOUS, Ops.REALIZE,
+                      Ops.COPY, Ops.ASSIGN})
   Control = frozenset({Ops.SINK, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.KERNEL, Ops.NOOP, Ops.UNIQUE,
                        Ops.DEVICE, Ops.SPECIAL, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.AFTER})
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})

@@ -64,16 +64,32 @@ def verify_kernel(ast: UOp) -> None:
 
 
 def verify_program(name: str, program: list[UOp]) -> None:
-  """Linear program: every source is computed before its use, loops open and close in nesting order."""
+  """Linear program: every source is computed before its use, loops open and close in nesting order; a scratch array
+  has a size, and a BARRIER meets outside every loop, on a scratch array, after a parallel loop that has as many
+  iterations as it counts."""
   stage = f"program {name}"
   defined: set[UOp] = set()
   open_loops: list[UOp] = []
+  parallel: list[UOp] = []
   for instruction in program:
     for source in instruction.src:
       if source.op is not Ops.CONST and source not in defined: _fail(stage, instruction, f"uses {source.op} early")
+    if instruction.op is Ops.DEFINE_SCRATCH and (not isinstance(instruction.dtype, PtrDType) or
+                                                  instruction.dtype.size < 1):
+      _fail(stage, instruction, "a scratch array is a pointer with a positive size")
+    if instruction.op is Ops.BARRIER: _check_barrier(stage, instruction, open_loops, parallel)
+    if instruction.op is Ops.RANGE and instruction.arg[1] == "parallel": parallel.append(instruction)
     if instruction.op is Ops.RANGE: open_loops.append(instruction)
     if instruction.op is Ops.END:
       if not open_loops or open_loops[-1] is not instruction.src[0]: _fail(stage, instruction, "closes the wrong loop")
       open_loops.pop()
     defined.add(instruction)
   if open_loops: _fail(stage, open_loops[-1], "loop is never closed")
+
+
+def _check_barrier(stage: str, barrier: UOp, open_loops: list[UOp], parallel: list[UOp]) -> None:
+  if open_loops: _fail(stage, barrier, f"a BARRIER inside {len(open_loops)} loops: the slices would never all meet")
+  if barrier.src[0].op is not Ops.DEFINE_SCRATCH: _fail(stage, barrier, "a BARRIER meets on a DEFINE_SCRATCH")
+  sizes = {r.src[0].arg if r.src[0].op is Ops.CONST else None for r in parallel}
+  if not isinstance(barrier.arg, int) or barrier.arg < 1 or (parallel and sizes != {barrier.arg}):
+    _fail(stage, barrier, f"counts {barrier.arg!r} chunks, its parallel loops have {sorted(map(str, sizes))}")

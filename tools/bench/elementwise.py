@@ -1,5 +1,5 @@
-"""Memory-bound kernels: `a+b` on 2^24 floats, a row-wise softmax, sums over rows and over columns, in GB/s of the
-bytes each must read and write, against numpy and torch."""
+"""Memory-bound kernels: `a+b` on 2^24 floats, a row-wise softmax, sums over rows and over columns, the sum of 2^24
+floats, in GB/s of the bytes each must read and write, against numpy and torch."""
 from __future__ import annotations
 
 import numpy as np
@@ -50,7 +50,19 @@ def sums(rows: int = 4096, columns: int = 4096) -> None:
     report(f"sum over {name} {rows}x{columns} fp32", 4 * x.size, "GB/s", best_times(functions))
 
 
+def full_sum(n: int = 1 << 24) -> None:
+  x = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+  result = Tensor(x).sum()
+  functions = {"rawgrad": kernels_of(result), "numpy": lambda: x.sum()}
+  np.testing.assert_allclose(result.numpy(), x.sum(dtype=np.float64), rtol=1e-4, atol=1e-2)
+  if torch is not None:
+    tx = torch.from_numpy(x)
+    functions["torch"] = lambda: tx.sum()
+  report(f"sum of 2^{n.bit_length() - 1} fp32", 4 * n, "GB/s", best_times(functions))
+
+
 if __name__ == "__main__":
   guarded(add)
   guarded(softmax)
   guarded(sums)
+  guarded(full_sum)

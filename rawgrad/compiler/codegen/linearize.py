@@ -10,6 +10,11 @@ REDUCEs over the same loops (the copies unrolling makes) run in one loop, each w
 products accumulates with fused multiply-adds. A RANGE of kind "parallel" runs slice `core` of `cores` (the renderer
 computes the bounds). A staged local buffer (AFTER of a DEFINE_LOCAL and its copy stores) is filled by its own loops
 as soon as the loops it depends on are open, before the loops that read it.
+
+A GROUP's kernel (see opt/kernel.py) stores partial results into a DEFINE_SCRATCH inside its parallel loop, then
+reads them through BARRIER(scratch). The BARRIER is emitted outside every loop, before the first loop nest that
+needs it: there each slice counts the chunks it did (its share of BARRIER's arg, the chunks of the parallel loop), and
+only the slice that completes the count runs the rest of the program, with every slice's stores visible to it.
 """
 from __future__ import annotations
 
@@ -184,6 +189,11 @@ def linearize(ast: UOp) -> list[UOp]:
   nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
            for loops in dict.fromkeys(tuple(output_loops(store)) for store in ast.src)]
   for loops, stores in nests:
+    for barrier in _barriers(stores):
+      if linearizer.lookup(barrier) is not None: continue
+      # the slices meet with no loop open; everything after the barrier runs in one slice
+      for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)
+      linearizer.emit(barrier)
     shared = 0
     while shared < min(len(loops), len(linearizer.open_loops)) and linearizer.open_loops[shared] is loops[shared]:
       shared += 1
@@ -195,6 +205,10 @@ def linearize(ast: UOp) -> list[UOp]:
     for store in stores: linearizer.emit(store)
   for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)
   return linearizer.program
+
+
+def _barriers(stores: list[UOp]) -> list[UOp]:
+  return list(dict.fromkeys(node for store in stores for node in store.toposort if node.op is Ops.BARRIER))
 
 
 @dataclass(frozen=True)

@@ -93,19 +93,36 @@ class _FunctionWriter:
     for param in params: self.names[param] = f"%data{param.arg}"
     for variable in variables: self.names[variable] = f"%var_{_symbol(variable.arg[0])}"
     self.names.update({CORE: "%core", CORES: "%cores"})
+    globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)
     signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {self.names[v]}" for v in variables]
     signature += ["i64 %core", "i64 %cores"]
     # non-temporal stores are weakly ordered: make them visible before whoever waits for the kernel reads them
     fence = "\n  fence seq_cst" if self.streams else ""
-    body = "\n".join(self.allocas + self.lines)
-    declarations = "\n".join(sorted(self.declarations))
+    # a slice that does not finish a GROUP leaves early, through the same exit
+    body = "\n".join(self.allocas + self.lines + ["  br label %exit", "exit:"])
+    declarations = "\n".join(sorted(self.declarations) + globals_)
     kernel = (f"define internal void @{self.name}.body({', '.join(signature)}) #0 {{\nentry:\n{body}{fence}\n"
               "  ret void\n}\n")
     metadata = "!0 = !{i32 1}\n" if self.streams else ""
     return f"{declarations}\n\n{kernel}\n{self.entry_point(params, variables)}\n{metadata}" \
            'attributes #0 = { nounwind alwaysinline "frame-pointer"="none" }\n' \
            'attributes #1 = { nounwind "frame-pointer"="none" }\n'
+
+  def scratch_globals(self) -> list[str]:
+    """Module globals for the program's scratch arrays and, per BARRIER, its count of finished chunks: zeroed in the
+    loaded image (.bss), aligned to cache lines."""
+    found = []
+    for node in dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_SCRATCH):
+      self.names[node] = f"@{self.name}.scratch{node.arg}"
+      element = llvm_type(node.dtype.base, in_memory=True)
+      found.append(f"{self.names[node]} = internal global [{node.dtype.size} x {element}] zeroinitializer, align 64")
+    for node in dict.fromkeys(u for u in self.program if u.op is Ops.BARRIER):
+      found.append(f"{self.counter_of(node)} = internal global i64 0, align 64")
+    return found
+
+  def counter_of(self, barrier: UOp) -> str:
+    return f"@{self.name}.finished{barrier.src[0].arg}"
 
   def entry_point(self, params: list[UOp], variables: list[UOp]) -> str:
     lines, arguments = [], []
@@ -123,7 +140,7 @@ class _FunctionWriter:
 
   def instruction(self, node: UOp) -> None:
     op = node.op
-    if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK, Ops.SPECIAL): return
+    if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_SCRATCH, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK, Ops.SPECIAL): return
     handler = getattr(self, f"op_{op.name.lower()}", None)
     if handler is not None: handler(node)
     elif op in _BINARY or op in (Ops.MAX, Ops.CMPLT, Ops.CMPNE): self.binary(node)
@@ -141,14 +158,7 @@ class _FunctionWriter:
     counter = f"%{label}.i"
     self.names[node] = counter
     start, end = "0", self.value(node.src[0])
-    if node.arg[1] == "parallel":
-      # slice `core` of `cores`: iterations [size*core/cores, size*(core+1)/cores)
-      self.emit(f"%{label}.scaled = mul i64 {end}, %core")
-      self.emit(f"%{label}.start = udiv i64 %{label}.scaled, %cores")
-      self.emit(f"%{label}.core1 = add i64 %core, 1")
-      self.emit(f"%{label}.scaled1 = mul i64 {end}, %{label}.core1")
-      self.emit(f"%{label}.end = udiv i64 %{label}.scaled1, %cores")
-      start, end = f"%{label}.start", f"%{label}.end"
+    if node.arg[1] == "parallel": start, end = self.slice_bounds(label, end)
     self.emit(f"br label %{label}.pre")
     self.lines.append(f"{label}.pre:")
     self.emit(f"br label %{label}.head")
@@ -157,6 +167,34 @@ class _FunctionWriter:
     self.emit(f"{counter}.ok = icmp slt i64 {counter}, {end}")
     self.emit(f"br i1 {counter}.ok, label %{label}.body, label %{label}.exit")
     self.lines.append(f"{label}.body:")
+
+  def slice_bounds(self, label: str, size: str) -> tuple[str, str]:
+    """The iterations of a parallel loop of `size` that slice `core` of `cores` runs: [size*core/cores,
+    size*(core+1)/cores)."""
+    self.emit(f"%{label}.scaled = mul i64 {size}, %core")
+    self.emit(f"%{label}.start = udiv i64 %{label}.scaled, %cores")
+    self.emit(f"%{label}.core1 = add i64 %core, 1")
+    self.emit(f"%{label}.scaled1 = mul i64 {size}, %{label}.core1")
+    self.emit(f"%{label}.end = udiv i64 %{label}.scaled1, %cores")
+    return f"%{label}.start", f"%{label}.end"
+
+  def op_barrier(self, node: UOp) -> None:
+    """Add the chunks this slice did to the count (acq_rel: its stores are published, and the slice that completes
+    the count sees everyone's); that slice resets the count for the next launch and goes on, the others leave. A
+    slice with no chunks never goes on: it may add 0 after the count was completed."""
+    label = self.fresh("barrier")[1:]
+    counter, total = self.counter_of(node), node.arg
+    start, end = self.slice_bounds(label, str(total))
+    self.emit(f"%{label}.mine = sub i64 {end}, {start}")
+    self.emit(f"%{label}.before = atomicrmw add ptr {counter}, i64 %{label}.mine acq_rel, align 8")
+    self.emit(f"%{label}.after = add i64 %{label}.before, %{label}.mine")
+    self.emit(f"%{label}.complete = icmp eq i64 %{label}.after, {total}")
+    self.emit(f"%{label}.worked = icmp ne i64 %{label}.mine, 0")
+    self.emit(f"%{label}.last = and i1 %{label}.complete, %{label}.worked")
+    self.emit(f"br i1 %{label}.last, label %{label}.go, label %exit")
+    self.lines.append(f"{label}.go:")
+    self.emit(f"store atomic i64 0, ptr {counter} monotonic, align 8")
+    self.names[node] = self.value(node.src[0])
 
   def op_end(self, node: UOp) -> None:
     counter = self.value(node.src[0])

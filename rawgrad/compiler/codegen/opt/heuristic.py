@@ -11,6 +11,8 @@
    reused across an output loop is staged in a local buffer, a tile of it at a time, in the order it is read; the
    tile's loop becomes the outermost one so each core packs its own tiles.
 5. Parallel: the outermost output loop runs on all cores when the kernel does enough work to pay for waking them.
+   A reduction with too few outputs to share out (a full sum, a max over 3 rows) is split across the cores instead
+   (GROUP): its outermost reduce loop long enough is cut into a few large chunks per core.
 6. Streaming stores for elementwise kernels whose output is larger than the caches: the cache lines need not be
    read before they are written.
 """
@@ -31,6 +33,8 @@ PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other co
 PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
 STAGE_BYTES = 1 << 20          # one packed tile: half the L2 cache, and all a local buffer may hold
 STREAM_BYTES = 16 << 20         # outputs at least this large are not read back from the caches anyway
+GROUP_CHUNKS_PER_CORE = 8       # chunks of a GROUP per core, so they balance between busy cores
+GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
 @functools.cache
@@ -292,6 +296,23 @@ def _work(ast: UOp) -> int | None:
   return total * max(1, operations)
 
 
+def _group(plan: _Planner) -> bool:
+  """GROUP a reduce loop into GROUP_CHUNKS_PER_CORE chunks per core, fewer when a chunk would reduce fewer than
+  GROUP_MIN_CHUNK elements: the outermost loop that has that many iterations, else the longest. True when it
+  applied."""
+  from rawgrad.runtime.native import default_threads
+  sizes = [_constant(size_of(r)) for r in reduce_ranges(plan.ast)]
+  if None in sizes: return False
+  wanted = min(GROUP_CHUNKS_PER_CORE * default_threads(), math.prod(sizes) // GROUP_MIN_CHUNK)
+  loops = {r: _constant(size_of(r)) or 0 for r in plan.reduce_loops}
+  target = next((r for r, size in loops.items() if size >= wanted), max(loops, key=lambda r: loops[r]))
+  chunks = min(wanted, loops[target])
+  if chunks < 2: return False
+  count = len(plan.opts)
+  plan.apply(OptOps.GROUP, target, chunks)
+  return len(plan.opts) > count
+
+
 def _gated(ast: UOp, r: UOp) -> bool:
   """Some access is gated on the loop (a split it does not divide left a shorter last block)."""
   return any(node.op is Ops.INDEX and len(node.src) == 3 and r in node.src[2].toposort for node in ast.toposort)
@@ -299,9 +320,12 @@ def _gated(ast: UOp, r: UOp) -> bool:
 
 def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
   """Run an output loop on all cores: the outermost (always, when a packed tile must stay per core), else the first
-  with enough iterations to share out, else the first that has more than one."""
+  with enough iterations to share out, else the first that has more than one. A reduction whose output loops are all
+  too short to share out is split into chunks instead, when that applies."""
   if work is not None and work < PARALLEL_MIN_WORK: return
   loops = [r for r in plan.output_loops if _constant(size_of(r)) != 1]
+  few_outputs = all((_constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
+  if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
   # codegen peels the shorter last block off an ordinary loop, not off one split between cores
   loops = [r for r in loops if not _gated(plan.ast, r)] or loops

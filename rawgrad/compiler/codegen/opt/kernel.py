@@ -11,6 +11,13 @@ the loop order. After any opt the AST is again a plain kernel AST; its ranges ca
   unroll     not a loop: copies of the code (an output axis gets separate accumulators, a reduce axis too)
   stage      a loop that copies an input into a local buffer (made by LOCAL; no other opt touches it)
 
+GROUP splits a reduction across cores, and its kernel is no longer a single store. The reduce loop becomes
+`group*chunk + inner` and the kernel holds two stores: inside the group loop (kind "parallel", one iteration per
+chunk) the partial reduction of every output element is stored into a scratch array (DEFINE_SCRATCH: it lives in the
+kernel's image, `chunks*outputs` accumulators); the second store reads the scratch through BARRIER(scratch), where
+the slices meet and only the one that finishes last goes on: it combines the partials in chunk order (a REDUCE over a
+"reduce" loop of `chunks` iterations), evaluates the rest of the stored expression and stores the outputs.
+
 The loop order is the order of the range ids (arg[0]): output loops first (the parallel one outermost), then the loops
 of each REDUCE; upcast and unroll ranges come last. `loop_axes(ast)` lists the loops in that order and an opt names
 the loop it acts on by its position there, so a kernel's optimization is a short printable list such as
@@ -24,6 +31,7 @@ and 0.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from enum import Enum, auto
 
@@ -40,6 +48,7 @@ EXPANDED_KINDS = (UPCAST, UNROLL)
 MAX_UPCAST = 128   # lanes of the one vector axis
 MAX_UNROLL = 256   # copies of the code, all unrolled axes together
 MAX_LOCAL_BYTES = 1 << 20  # a local buffer lives on the stack of the thread that runs the kernel
+MAX_GROUP_BYTES = 1 << 20  # a GROUP's partial results live in the kernel's image, for as long as the kernel
 
 
 class OptOps(Enum):
@@ -50,6 +59,7 @@ class OptOps(Enum):
   PARALLEL = auto()  # the output loop becomes the outermost one and is split across cores
   LOCAL = auto()     # inside the loop, copy what the loops within it read of parameter `amount` to a local buffer
   STREAM = auto()    # vector stores bypass the cache (non-temporal): for outputs larger than the caches
+  GROUP = auto()     # the reduce loop is cut into `amount` chunks reduced in parallel; the last slice combines them
 
   def __repr__(self) -> str:
     return self.name
@@ -100,12 +110,15 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   """The kernel with one more opt applied; raises OptError when it does not apply. Remembered: the heuristics, the
   search and the lowering apply the same opts to the same kernels."""
   axes = loop_axes(ast)
+  if opt.op is not OptOps.STREAM and is_grouped(ast):
+    raise OptError(f"{opt}: only STREAM can follow a GROUP (its group loop is the kernel's parallel loop)")
   if not 0 <= opt.axis < len(axes) and opt.op is not OptOps.STREAM:
     raise OptError(f"{opt}: the kernel has {len(axes)} loops")
   if opt.op not in (OptOps.LOCAL, OptOps.STREAM) and any(range_kind(r) == STAGE for r in all_ranges(ast)):
     raise OptError(f"{opt}: only LOCAL can follow a LOCAL")
   if opt.op is OptOps.LOCAL: return stage_load(ast, axes, opt)
   if opt.op is OptOps.STREAM: return stream_stores(ast, opt)
+  if opt.op is OptOps.GROUP: return group_reduce(ast, axes, opt)
   target = axes[opt.axis]
   inner = reduce_ranges(ast)
   ranges = all_ranges(ast)
@@ -142,9 +155,69 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
 # *** streaming stores ***
 
 def stream_stores(ast: UOp, opt: Opt) -> UOp:
-  """STREAM: mark the kernel's stores (arg "stream"); vector stores become non-temporal where aligned."""
+  """STREAM: mark the kernel's stores to its outputs (arg "stream"); vector stores become non-temporal where
+  aligned. A GROUP's partial results are read back at once: they stay in the caches."""
   if any(store.arg == "stream" for store in ast.src): raise OptError(f"{opt}: the stores already stream")
-  return ast.replace(src=tuple(store.replace(arg="stream") for store in ast.src))
+  return ast.replace(src=tuple(store.replace(arg="stream") if store.src[0].src[0].op is Ops.DEFINE_GLOBAL else store
+                               for store in ast.src))
+
+
+# *** a reduction split across cores ***
+
+def is_grouped(ast: UOp) -> bool:
+  return any(node.op is Ops.BARRIER for node in ast.toposort)
+
+
+def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
+  """GROUP: cut reduce loop `axis` into `amount` contiguous chunks (fewer when the loop is shorter; the last one
+  masked when they do not divide it) that the kernel's slices reduce in parallel, each chunk into its own place of a
+  scratch array; the slice that finishes last combines the chunks in order, so the values do not depend on how many
+  slices ran or in which order, and stores the outputs.
+
+  The scratch array and the count of finished chunks live in the kernel's image (zeroed when it is loaded; the count
+  is reset by the slice that finishes): one compiled kernel must not run two launches at the same time. A CPU queue
+  runs its launches one after another, so it never does."""
+  target = axes[opt.axis]
+  reduces = [node for node in ast.toposort if node.op is Ops.REDUCE]
+  if target not in reduce_ranges(ast): raise OptError(f"{opt}: loop {opt.axis} is not a reduce loop")
+  if any(range_kind(r) == PARALLEL for r in axes):
+    raise OptError(f"{opt}: the kernel already has a parallel loop (a GROUP's chunks run in parallel instead)")
+  if len(reduces) != 1: raise OptError(f"{opt}: a GROUP needs exactly one REDUCE, the kernel has {len(reduces)}")
+  if len(ast.src) != 1: raise OptError(f"{opt}: a GROUP needs exactly one store, the kernel has {len(ast.src)}")
+  if opt.amount < 1: raise OptError(f"{opt}: the number of chunks must be positive")
+  size = size_of(target)
+  if not isinstance(size, int): raise OptError(f"{opt}: the reduce loop's size {size} is not a constant")
+  inner_ranges = reduce_ranges(ast)
+  outputs = [r for r in all_ranges(ast) if r not in inner_ranges and r in ast.src[0].toposort]
+  sizes = [size_of(r) for r in outputs]
+  if not all(isinstance(s, int) for s in sizes): raise OptError(f"{opt}: the output loops need constant sizes")
+  reduction = reduces[0]
+  chunk = max(1, -(-size // opt.amount))
+  chunks = max(1, -(-size // chunk))
+  count = math.prod(sizes)
+  scratch_bytes = chunks * count * reduction.dtype.itemsize
+  if scratch_bytes > MAX_GROUP_BYTES:
+    raise OptError(f"{opt}: {chunks} chunks of {count} outputs need {scratch_bytes} bytes of scratch, more than "
+                   f"{MAX_GROUP_BYTES}")
+  fresh = max(r.arg[0] for r in all_ranges(ast)) + 1
+  inner, combine = UOp.range(chunk, fresh, REDUCE), UOp.range(chunks, fresh + 1, REDUCE)
+  # one chunk needs no group loop: the kernel runs as one slice
+  group = UOp.range(chunks, fresh + 2, PARALLEL) if chunks > 1 else UOp.const(dtypes.index, 0)
+  replacement = group * chunk + inner if chunks > 1 else inner
+  split = _rebuild(ast, target, replacement, (inner,), simplify(replacement < size))
+  partial = next(node for node in split.toposort if node.op is Ops.REDUCE)
+  scratch = UOp(Ops.DEFINE_SCRATCH, reduction.dtype.ptr(max(1, chunks * count)), arg=0)
+  # chunk-major: the partials of one chunk are next to each other, written by one slice
+  position = _row_major(outputs, sizes)
+  written = UOp(Ops.INDEX, scratch.dtype, (scratch, simplify(group * count + position)))
+  partial_store = UOp(Ops.STORE, dtypes.void, (written, partial))
+  met = UOp(Ops.BARRIER, scratch.dtype, (scratch,), arg=chunks)
+  read = UOp(Ops.INDEX, scratch.dtype, (met, simplify(combine * count + position)))
+  combined = UOp(Ops.REDUCE, reduction.dtype, (UOp(Ops.LOAD, reduction.dtype, (read,)), combine), reduction.arg)
+  final_store = _substitute_ranges(ast.src[0], {reduction: combined})
+  grouped = ast.replace(src=(partial_store, final_store))
+  loops = ([group] if chunks > 1 else []) + _replace(axes, target, [inner]) + [combine]
+  return renumber(grouped, loops + _expanded(all_ranges(grouped)))
 
 
 # *** staging a load in a local buffer ***
