@@ -33,7 +33,8 @@ PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other co
 PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
 STAGE_BYTES = 1 << 20          # one packed tile: half the L2 cache, and all a local buffer may hold
 STREAM_BYTES = 16 << 20         # outputs at least this large are not read back from the caches anyway
-GROUP_CHUNKS_PER_CORE = 8       # chunks of a GROUP per core, so they balance between busy cores
+GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machines up to 32 cores, so they balance;
+                                # fixed, so a reduction rounds the same way on every machine
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
@@ -297,13 +298,11 @@ def _work(ast: UOp) -> int | None:
 
 
 def _group(plan: _Planner) -> bool:
-  """GROUP a reduce loop into GROUP_CHUNKS_PER_CORE chunks per core, fewer when a chunk would reduce fewer than
-  GROUP_MIN_CHUNK elements: the outermost loop that has that many iterations, else the longest. True when it
-  applied."""
-  from rawgrad.runtime.native import default_threads
+  """GROUP a reduce loop into GROUP_CHUNKS chunks, fewer when a chunk would reduce fewer than GROUP_MIN_CHUNK
+  elements: the outermost loop that has that many iterations, else the longest. True when it applied."""
   sizes = [_constant(size_of(r)) for r in reduce_ranges(plan.ast)]
   if None in sizes: return False
-  wanted = min(GROUP_CHUNKS_PER_CORE * default_threads(), math.prod(sizes) // GROUP_MIN_CHUNK)
+  wanted = min(GROUP_CHUNKS, math.prod(sizes) // GROUP_MIN_CHUNK)
   loops = {r: _constant(size_of(r)) or 0 for r in plan.reduce_loops}
   target = next((r for r, size in loops.items() if size >= wanted), max(loops, key=lambda r: loops[r]))
   chunks = min(wanted, loops[target])
