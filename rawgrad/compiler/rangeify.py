@@ -133,8 +133,7 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
   op, source_shape = node.op, node.src[0].shape
   if op is Ops.RESHAPE:
     if (moved := _reshape_of_ones(idx, node.shape, source_shape)) is not None: return moved, valid, None
-    flat = linear_index(idx, node.shape)
-    new = tuple((flat // stride) % size for stride, size in zip(_strides(source_shape), source_shape))
+    new = _reshape_index(idx, node.shape, source_shape)
   elif op is Ops.EXPAND:
     # expand and permute only rearrange simplified expressions: nothing to simplify
     return tuple(as_index(0) if _is_one(old) else i for i, old in zip(idx, source_shape)), valid, None
@@ -157,6 +156,50 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
     raise ValueError(f"{op} is not a movement op")
   new, valid = _simplified(new, valid)
   return new, valid, None
+
+
+def _reshape_index(idx: Index, shape: tuple, source_shape: tuple) -> Index:
+  """The source index of a reshape, group by group: consecutive axes whose sizes multiply to the same product on both
+  sides map onto each other alone (merging axes is a sum, splitting one is a division and a remainder), so the
+  expressions stay as small as the axes they involve. Symbolic or zero sizes flatten the whole index."""
+  groups = _reshape_groups(shape, source_shape)
+  if groups is None: groups = [(list(range(len(shape))), list(range(len(source_shape))))]
+  new: list[UOp] = [as_index(0)] * len(source_shape)
+  for axes, source_axes in groups:
+    flat = linear_index(tuple(idx[a] for a in axes), tuple(shape[a] for a in axes))
+    sizes = tuple(source_shape[a] for a in source_axes)
+    for position, (stride, size) in enumerate(zip(_strides(sizes), sizes)):
+      # the outermost axis of a group needs no remainder: the flat index is already below the group's size
+      new[source_axes[position]] = flat // stride if position == 0 else (flat // stride) % size
+  return tuple(new)
+
+
+def _reshape_groups(shape: tuple, source_shape: tuple) -> list[tuple[list[int], list[int]]] | None:
+  """Pairs (axes, source axes) of the smallest runs of consecutive axes with equal products, covering both shapes;
+  None when a size is symbolic or zero."""
+  if not all(isinstance(size, int) and size > 0 for size in shape + source_shape): return None
+  groups: list[tuple[list[int], list[int]]] = []
+  i = j = 0
+  while i < len(shape) and j < len(source_shape):
+    axes, source_axes, product, source_product = [i], [j], shape[i], source_shape[j]
+    i, j = i + 1, j + 1
+    while product != source_product:
+      if product < source_product:
+        axes.append(i)
+        product *= shape[i]
+        i += 1
+      else:
+        source_axes.append(j)
+        source_product *= source_shape[j]
+        j += 1
+    groups.append((axes, source_axes))
+  # what is left on either side is axes of size 1 (the products are equal): they join the last group
+  if groups:
+    groups[-1][0].extend(range(i, len(shape)))
+    groups[-1][1].extend(range(j, len(source_shape)))
+  elif shape or source_shape:
+    groups.append((list(range(len(shape))), list(range(len(source_shape)))))
+  return groups
 
 
 def _reshape_of_ones(idx: Index, shape: tuple, source_shape: tuple) -> Index | None:

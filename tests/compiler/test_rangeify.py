@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from rawgrad.compiler.ir import Ops
-from rawgrad.compiler.rangeify import Schedule, buffer_base, create_schedule
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
+from rawgrad.compiler.symbolic import evaluate
 from rawgrad.runtime.realize import GlobalCounters, realize_tensors
 from rawgrad.tensor import Tensor
 
@@ -271,3 +274,39 @@ def test_kernel_count_matches_schedule_length() -> None:
   assert kernels_to_realize(out) == len(schedule.items) == 3
   expected = np.exp(x.sum(1).reshape(4, 1) + x.max(0).reshape(1, N)).sum()
   np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5)
+
+
+# *** reshape index mapping ***
+
+@st.composite
+def reshapes(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[int, ...]]:
+  """Two shapes with the same number of elements: factors of one size, dealt out to axes twice."""
+  factors = draw(st.lists(st.sampled_from([1, 2, 3, 5]), min_size=0, max_size=6))
+
+  def deal() -> tuple[int, ...]:
+    cuts = sorted(draw(st.lists(st.integers(0, len(factors)), max_size=4)))
+    bounds = [0, *cuts, len(factors)]
+    shape = [int(np.prod(factors[a:b])) for a, b in zip(bounds, bounds[1:])]
+    return tuple(draw(st.permutations(shape))) if draw(st.booleans()) else tuple(shape)
+  return deal(), deal()
+
+
+@settings(max_examples=150, deadline=None)
+@given(reshapes())
+def test_reshape_index_matches_the_flat_mapping(shapes: tuple[tuple[int, ...], tuple[int, ...]]) -> None:
+  shape, source_shape = shapes
+  if int(np.prod(shape)) != int(np.prod(source_shape)): return  # a permuted deal can change neither product
+  ranges = tuple(UOp.range(size, axis) for axis, size in enumerate(shape))
+  mapped = _reshape_index(ranges, shape, source_shape)
+  for flat in range(int(np.prod(shape))):
+    position = np.unravel_index(flat, shape) if shape else ()
+    values = {r: int(p) for r, p in zip(ranges, position)}
+    expected = np.unravel_index(flat, source_shape) if source_shape else ()
+    assert tuple(int(evaluate(i, values)) for i in mapped) == tuple(int(e) for e in expected), (shape, source_shape)
+
+
+def test_reshape_groups_pair_the_smallest_runs() -> None:
+  assert _reshape_groups((6, 4), (2, 3, 4)) == [([0], [0, 1]), ([1], [2])]
+  assert _reshape_groups((4, 6), (8, 3)) == [([0, 1], [0, 1])]
+  assert _reshape_groups((5, 1), (5,)) == [([0, 1], [0])]
+  assert _reshape_groups((3, UOp.range(4, 0)), (12,)) is None
