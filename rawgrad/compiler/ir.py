@@ -323,9 +323,17 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   @functools.cached_property
   def device(self) -> str:
-    """The device a tensor-level node lives on: the DEVICE node in its graph."""
-    for node in self.toposort:
+    """The device a tensor-level node lives on: the first DEVICE node in its graph (in toposort order). The walk stops
+    there, and at a node that already knows its device (it answers for its whole subgraph), so a new node built on
+    tensors looks at little more than its sources."""
+    stack, seen = [self], set()
+    while stack:
+      node = stack.pop()
       if node.op is Ops.DEVICE: return node.arg
+      if (known := node.__dict__.get("device")) is not None: return known
+      if node in seen: continue
+      seen.add(node)
+      stack.extend(reversed(node.src))
     raise ValueError(f"{self.op} has no device")
 
   # *** shapes of tensor-level nodes ***

@@ -190,6 +190,30 @@ def test_toposort_of_a_deep_chain_does_not_recurse() -> None:
   assert len(_check_toposort(node)) == 5000 + 5001
 
 
+def _on(device: str, value: float = 1.0) -> UOp:
+  return UOp.const(dtypes.float32, value, (UOp(Ops.DEVICE, arg=device),))
+
+
+def _add(a: UOp, b: UOp) -> UOp:
+  return UOp(Ops.ADD, dtypes.float32, (a, b))
+
+
+def test_device_is_the_first_device_in_toposort_order() -> None:
+  mixed = UOp.sink(_add(_on("CPU:1"), _on("CPU:2")), _on("CPU:3"))
+  assert mixed.device == "CPU:1"
+  assert mixed.device == next(node.arg for node in mixed.toposort if node.op is Ops.DEVICE)
+  # a source that already knows its device answers for its subgraph
+  known = _add(_on("CPU:2", 2.0), _on("CPU:4"))
+  assert known.device == "CPU:2" and _add(known, _on("CPU:5")).device == "CPU:2"
+  with pytest.raises(ValueError, match="SINK has no device"): _ = UOp.sink(Variable("no_device", 0, 1)).device
+
+
+def test_device_of_a_deep_chain_does_not_recurse() -> None:
+  node = _on("CPU:7")
+  for i in range(5000): node = _add(node, _on("CPU:8", float(i)))
+  assert node.device == "CPU:7"
+
+
 # *** shapes ***
 
 def _buffer(size: int = 24, dtype: Any = dtypes.float32) -> UOp:
