@@ -122,12 +122,11 @@ def realize_tensors(tensors: list) -> None:
   if not outputs: return
   schedule = create_schedule(outputs)
   becomes_map = schedule.becomes_map
-  kept: set[UOp] = set()
   live = list(all_tensors)
-  for tensor in live:
-    if any(node in becomes_map for node in tensor.uop.toposort):
-      tensor.uop = substitute(tensor.uop, becomes_map)
-    kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+  # one walk over the live tensors' graphs together: they share most of their nodes
+  graph = substitute(UOp.sink(*(tensor.uop for tensor in live)), becomes_map)
+  for tensor, uop in zip(live, graph.src): tensor.uop = uop
+  kept = {node for node in graph.toposort if node.op is Ops.BUFFER}
   remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
   plan_temporaries(schedule.items, kept)
   run_schedule(schedule.items)
