@@ -158,6 +158,20 @@ def index_through(node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | 
   return new, valid, None
 
 
+class IndexMemo:
+  """index_through's results within one schedule. decide_buffers runs again in every round of drop_cheap_buffers and
+  kernels index their shared producers alike, so a movement op is asked for the same index many times, and
+  simplifying the new index is the expensive part."""
+
+  def __init__(self) -> None:
+    self.results: dict[tuple[UOp, Index, UOp], tuple[Index, UOp, UOp | None]] = {}
+
+  def through(self, node: UOp, idx: Index, valid: UOp) -> tuple[Index, UOp, UOp | None]:
+    key = (node, idx, valid)
+    if key not in self.results: self.results[key] = index_through(node, idx, valid)
+    return self.results[key]
+
+
 def _reshape_index(idx: Index, shape: tuple, source_shape: tuple) -> Index:
   """The source index of a reshape, group by group: consecutive axes whose sizes multiply to the same product on both
   sides map onto each other alone (merging axes is a sum, splitting one is a division and a remainder), so the
@@ -227,11 +241,11 @@ class Request:
   scope: frozenset
 
 
-def source_requests(node: UOp, request: Request, axes: Iterator[int]) -> list[tuple[UOp, Request]]:
+def source_requests(node: UOp, request: Request, axes: Iterator[int], memo: IndexMemo) -> list[tuple[UOp, Request]]:
   """The requests a node makes of its sources to produce its value at `request`."""
   if node.op in LEAVES: return []
   if node.op in GroupOp.Movement:
-    idx, valid, _ = index_through(node, request.idx, request.valid)
+    idx, valid, _ = memo.through(node, request.idx, request.valid)
     return [(node.src[0], Request(idx, valid, request.scope))]
   if node.op is Ops.REDUCE_AXIS:
     source_shape = node.src[0].shape
@@ -271,7 +285,7 @@ def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp,
   return None
 
 
-def decide_buffers(sink: UOp, realizes: dict[UOp, str], inline: set[UOp]) -> dict[UOp, str]:
+def decide_buffers(sink: UOp, realizes: dict[UOp, str], inline: set[UOp], memo: IndexMemo) -> dict[UOp, str]:
   """Walk from consumers to producers collecting what each node is asked for; decide which become buffers."""
   realizes = dict(realizes)
   axes = itertools.count()
@@ -289,14 +303,15 @@ def decide_buffers(sink: UOp, realizes: dict[UOp, str], inline: set[UOp]) -> dic
       continue
     if node in realizes: mine = [Request(r.idx, r.valid, frozenset(_ranges_in(r.idx))) for r in mine]
     for request in mine:
-      for source, source_request in source_requests(node, request, axes):
+      for source, source_request in source_requests(node, request, axes, memo):
         requests[source].setdefault((source_request.idx, source_request.valid), source_request)
   return realizes
 
 
 # *** step 5: cost decisions ***
 
-def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, str]) -> dict[UOp, str]:
+def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, str],
+                       memo: IndexMemo) -> dict[UOp, str]:
   """Buffers were inserted generously; recompute instead where no reduction would repeat. Repeat the index walk
   with those nodes forced inline until nothing changes (the forced set only grows, so this ends)."""
   inline: set[UOp] = set()
@@ -306,7 +321,7 @@ def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, 
              not _has_unrealized_reduce(node, realizes)}
     if not cheap - inline: return realizes
     inline |= cheap
-    realizes = decide_buffers(sink, required, inline)
+    realizes = decide_buffers(sink, required, inline, memo)
 
 
 # *** step 6: emit kernels ***
@@ -314,8 +329,8 @@ def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, 
 class KernelBuilder:
   """Builds the kernel that stores `root` into its buffer: every other realized node is read from its buffer."""
 
-  def __init__(self, root: UOp, output: UOp, buffers_of: dict[UOp, UOp]):
-    self.root, self.output, self.buffers_of = root, output, buffers_of
+  def __init__(self, root: UOp, output: UOp, buffers_of: dict[UOp, UOp], memo: IndexMemo):
+    self.root, self.output, self.buffers_of, self.memo = root, output, buffers_of, memo
     self.params: dict[UOp, UOp] = {}
     self.var_values: dict[UOp, int] = {}
     self.axes = itertools.count()
@@ -357,7 +372,7 @@ class KernelBuilder:
       if view.op is Ops.ASSIGN: view = view.src[0]
       elif view.op is Ops.EXPAND: raise ValueError("cannot assign into an expanded view: elements would alias")
       else:
-        idx, valid, _ = index_through(view, idx, TRUE)
+        idx, valid, _ = self.memo.through(view, idx, TRUE)
         # a strided slice pads and then cuts the padding away again; padding that is really written to is an error
         if valid is not TRUE: raise ValueError("cannot assign into the padding of a padded view")
         view = view.src[0]
@@ -378,7 +393,7 @@ class KernelBuilder:
     if op is Ops.IOTA: return idx[0].cast(node.dtype)
     if op in (Ops.BIND, Ops.DEFINE_VAR): return node  # unbind() turns bound ones into parameters
     if op in GroupOp.Movement:
-      source_idx, source_valid, in_bounds = index_through(node, idx, valid)
+      source_idx, source_valid, in_bounds = self.memo.through(node, idx, valid)
       value = self.lower(node.src[0], source_idx, source_valid)
       if in_bounds is None or in_bounds is TRUE: return value
       return UOp(Ops.WHERE, node.dtype, (in_bounds, value, UOp.const(node.dtype, 0)))
@@ -418,7 +433,8 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
   required = mark_realizes(sink)
-  realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set()), required)
+  memo = IndexMemo()
+  realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set(), memo), required, memo)
   buffers_of: dict[UOp, UOp] = {}
   items: list[ScheduleItem] = []
   roots: list[UOp] = []
@@ -430,7 +446,7 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
                    prod(node.shape))
     buffers_of[node] = buffer
     if prod(node.shape) == 0: continue  # nothing to compute for an empty result
-    builder = KernelBuilder(node, buffer, buffers_of)
+    builder = KernelBuilder(node, buffer, buffers_of, memo)
     ast = builder.build()
     if SPEC: verify_kernel(ast)
     items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(node.shape),

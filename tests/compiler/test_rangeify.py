@@ -256,6 +256,24 @@ def test_becomes_map_updates_every_tensor_that_shares_the_graph() -> None:
   np.testing.assert_allclose(e.numpy(), ex, rtol=1e-5)
 
 
+def test_a_movement_op_is_indexed_once_per_index_in_a_schedule(monkeypatch: pytest.MonkeyPatch) -> None:
+  import rawgrad.compiler.rangeify as rangeify
+  asked: list[tuple] = []
+  index_through = rangeify.index_through
+  def counting(node: UOp, idx: tuple, valid: UOp) -> tuple:
+    asked.append((node, idx, valid))
+    return index_through(node, idx, valid)
+  monkeypatch.setattr(rangeify, "index_through", counting)
+  x = rand(4, N)
+  s = Tensor(x).sum(1).exp()
+  # deciding the buffers and building the kernels both index the flips, at the same ranges
+  out = s * s.flip(0) + s.flip(0)
+  assert len(schedule_of(out).items) == 2
+  assert asked and len(asked) == len(set(asked))
+  np.testing.assert_allclose(out.numpy(), np.exp(x.sum(1)) * np.exp(x.sum(1))[::-1] + np.exp(x.sum(1))[::-1],
+                             rtol=1e-4)
+
+
 def test_realizing_two_outputs_together() -> None:
   x = rand(4, N)
   a = Tensor(x) + 1
