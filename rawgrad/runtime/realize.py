@@ -1,12 +1,16 @@
 """Run a schedule: lower each kernel to a compiled runner, execute it, count and report what it did."""
 from __future__ import annotations
 
+import contextlib
+import sys
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import numpy as np
 
 from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost
-from rawgrad.compiler.codegen.lower import lower_kernel
+from rawgrad.compiler.codegen.lower import LoweredKernel, lower_kernel
 from rawgrad.compiler.codegen.opt.search import searched_opts
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.spec import verify_program
@@ -64,23 +68,54 @@ _runners: dict[tuple[str, UOp], CompiledRunner] = {}
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled kernel for an AST, from the in-memory cache (ASTs are hash-consed) or compiled now."""
-  key = (device, ast)
-  if key not in _runners:
-    compiled = Device[device]
-    lowered = lower_kernel(ast, searched_opts(ast, device))
-    program = lowered.program
-    if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
-    if SPEC: verify_program(ast.arg, program)
-    source = compiled.renderer.render(ast.arg, program)
-    if DEBUG >= 4: print(source)
-    obj = compile_cached(compiled.compiler, source)
-    variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
-    buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
-    runtime = compiled.program_class(_symbol(ast.arg), obj)
-    cores = lowered.slices(compiled.cores)
-    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables,
-                                   lowered.parallel, cores)
-  return _runners[key]
+  runner, = compiled_runners([(device, ast)])
+  return runner
+
+
+def compiled_runners(kernels: list[tuple[str, UOp]]) -> Iterator[CompiledRunner]:
+  """The compiled kernel for each (device, AST), in order. The new ones are all lowered first, each handed to a
+  compiler thread as soon as it is rendered: LLVM runs without holding the GIL, so compiling one kernel overlaps
+  lowering the next on a second core, and running the first kernels overlaps compiling the last."""
+  new = [key for key in dict.fromkeys(kernels) if key not in _runners]
+  if not new:
+    yield from (_runners[key] for key in kernels)
+    return
+  with ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile") as compiler_thread, _prompt_gil_handoff():
+    compiling = {key: _lower_and_compile(*key, compiler_thread) for key in new}
+    for key in kernels:
+      if key in compiling: _runners[key] = _load(*key, *compiling.pop(key))
+      yield _runners[key]
+
+
+@contextlib.contextmanager
+def _prompt_gil_handoff() -> Iterator[None]:
+  """The compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch interval
+  (5 ms) it waits that long after each while the lowering thread runs, and compiling takes half as long again."""
+  interval = sys.getswitchinterval()
+  sys.setswitchinterval(min(interval, 50e-6))
+  try:
+    yield
+  finally:
+    sys.setswitchinterval(interval)
+
+
+def _lower_and_compile(device: str, ast: UOp, compiler_thread: ThreadPoolExecutor) -> tuple:
+  lowered = lower_kernel(ast, searched_opts(ast, device))
+  if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
+  if SPEC: verify_program(ast.arg, lowered.program)
+  compiled = Device[device]
+  source = compiled.renderer.render(ast.arg, lowered.program)
+  if DEBUG >= 4: print(source)
+  return lowered, source, compiler_thread.submit(compile_cached, compiled.compiler, source)
+
+
+def _load(device: str, ast: UOp, lowered: LoweredKernel, source: str, obj: Future[bytes]) -> CompiledRunner:
+  compiled, program = Device[device], lowered.program
+  variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
+  buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
+  runtime = compiled.program_class(_symbol(ast.arg), obj.result())
+  return CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables, lowered.parallel,
+                        lowered.slices(compiled.cores))
 
 
 def _symbol(name: str) -> str:
@@ -89,9 +124,9 @@ def _symbol(name: str) -> str:
 
 
 def run_schedule(items: list[ScheduleItem]) -> None:
-  for item in items:
+  runners = compiled_runners([(buffer_for(item.buffers[0]).device, item.ast) for item in items])
+  for runner, item in zip(runners, items):  # runners first: the last step of zip finishes the compiler thread
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
-    runner = get_runner(buffers[0].device, item.ast)
     var_values = dict(item.var_values)
     if (capture := capturing()) is not None:
       capture.kernels.append(CapturedKernel(runner, buffers, var_values, item.dims, item.operations))

@@ -1,0 +1,60 @@
+"""Running a schedule: kernels are lowered on the calling thread and compiled on a second one, then run in order."""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import rawgrad.runtime.realize as realize
+from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.runtime.compile import CompileError
+from rawgrad.tensor import Tensor
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+  e = np.exp(x - x.max(1, keepdims=True))
+  return e / e.sum(1, keepdims=True)
+
+
+def _recording_compiles(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = None) -> list[str]:
+  """Record the thread of every compile; the compile numbered `fail_at` raises CompileError."""
+  threads: list[str] = []
+  compile_cached = realize.compile_cached
+
+  def recording(compiler: object, source: str) -> bytes:
+    threads.append(threading.current_thread().name)
+    if len(threads) - 1 == fail_at: raise CompileError("LLVM said no")
+    return compile_cached(compiler, source)
+  monkeypatch.setattr(realize, "compile_cached", recording)
+  return threads
+
+
+def test_kernels_compile_on_a_second_thread_and_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+  threads = _recording_compiles(monkeypatch)
+  x = np.random.default_rng(0).standard_normal((5, 13)).astype(np.float32)
+  interval = sys.getswitchinterval()
+  softmax = Tensor(x).softmax(1)
+  softmax.realize()
+  assert len(threads) == 3 and all(name.startswith("rawgrad-compile") for name in threads), threads
+  assert sys.getswitchinterval() == interval
+  np.testing.assert_allclose(softmax.numpy(), _softmax_rows(x), rtol=1e-5)
+
+
+def test_the_same_kernel_twice_is_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+  threads = _recording_compiles(monkeypatch)
+  ast = create_schedule([(Tensor(np.arange(11, dtype=np.float32)) * 3).uop]).items[0].ast
+  first, second = realize.compiled_runners([("CPU", ast), ("CPU", ast)])
+  assert first is second and len(threads) == 1
+  assert realize.get_runner("CPU", ast) is first and len(threads) == 1
+
+
+def test_a_compile_error_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:
+  _recording_compiles(monkeypatch, fail_at=1)
+  interval = sys.getswitchinterval()
+  x = np.random.default_rng(1).standard_normal((3, 17)).astype(np.float32)
+  with pytest.raises(CompileError, match="LLVM said no"): Tensor(x).softmax(1).realize()
+  assert sys.getswitchinterval() == interval
+  monkeypatch.undo()
+  np.testing.assert_allclose(Tensor(x).softmax(1).numpy(), _softmax_rows(x), rtol=1e-5)
