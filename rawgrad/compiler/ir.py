@@ -314,11 +314,19 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   @functools.cached_property
   def digest(self) -> bytes:
     """A stable fingerprint of the subgraph: op, dtype, arg, tag and the sources' digests."""
-    for node in self.toposort:  # sources first, iteratively: deep graphs would overflow a recursive definition
-      if "digest" not in node.__dict__:
-        fingerprint = hashlib.blake2b(repr((node.op.value, node.dtype, node.arg, node.tag)).encode(), digest_size=12)
-        for source in node.src: fingerprint.update(source.__dict__["digest"])
-        node.__dict__["digest"] = fingerprint.digest()
+    # sources first, iteratively (deep graphs would overflow a recursive definition), not entering sources that have
+    # their digest already: a new node on top of a digested graph costs one hash, not a walk of the graph
+    stack: list[tuple[UOp, bool]] = [(self, False)]
+    while stack:
+      node, sources_done = stack.pop()
+      if "digest" in node.__dict__: continue
+      if not sources_done:
+        stack.append((node, True))
+        stack.extend((source, False) for source in node.src if "digest" not in source.__dict__)
+        continue
+      fingerprint = hashlib.blake2b(repr((node.op.value, node.dtype, node.arg, node.tag)).encode(), digest_size=12)
+      for source in node.src: fingerprint.update(source.__dict__["digest"])
+      node.__dict__["digest"] = fingerprint.digest()
     return self.__dict__["digest"]
 
   @functools.cached_property

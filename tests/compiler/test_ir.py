@@ -1,5 +1,6 @@
 """The IR: hash-consing (and freeing), toposort, shapes of movement ops, value bounds, printing, exact ALU values."""
 import gc
+import hashlib
 import math
 import pickle
 import weakref
@@ -188,6 +189,28 @@ def test_toposort_of_a_deep_chain_does_not_recurse() -> None:
   node = Variable("chain", 0, 1)
   for i in range(5000): node = node + i
   assert len(_check_toposort(node)) == 5000 + 5001
+
+
+def _reference_digest(node: UOp) -> bytes:
+  fingerprint = hashlib.blake2b(repr((node.op.value, node.dtype, node.arg, node.tag)).encode(), digest_size=12)
+  for source in node.src: fingerprint.update(_reference_digest(source))
+  return fingerprint.digest()
+
+
+def test_digest_fingerprints_the_whole_subgraph() -> None:
+  a, b = Variable("dg_a", 0, 9), Variable("dg_b", 0, 9)
+  shared = a * b
+  lower = shared + a
+  assert lower.digest == _reference_digest(lower)  # digested before its user: the user does not walk into it
+  root = UOp.sink(lower, shared * 2, shared)
+  assert root.digest == _reference_digest(root)
+  assert (a + b).digest != (b + a).digest and Variable("dg_c", 0, 9).digest != Variable("dg_c", 0, 8).digest
+
+
+def test_digest_of_a_deep_chain_does_not_recurse() -> None:
+  node = Variable("dg_chain", 0, 1)
+  for i in range(5000): node = node + i
+  assert len(node.digest) == 12 and node.digest != node.src[0].digest
 
 
 def _on(device: str, value: float = 1.0) -> UOp:
