@@ -93,8 +93,10 @@ def _reads_at_other_indices(value: UOp, target: UOp) -> bool:
   """Could computing `value` in place read an element of target's buffer that the same kernel already overwrote?
   Conservatively yes whenever it reaches the buffer through a view other than the target itself."""
   buffer = assign_target_buffer(target)
-  return any(node is not target and node.op in GroupOp.Movement and buffer in node.toposort
-             for node in value.toposort)
+  reaches_buffer: set[UOp] = set()  # filled sources first, in one walk
+  for node in value.toposort:
+    if node is buffer or any(source in reaches_buffer for source in node.src): reaches_buffer.add(node)
+  return any(node is not target and node.op in GroupOp.Movement for node in reaches_buffer)
 
 
 # *** step 3: consumers ***

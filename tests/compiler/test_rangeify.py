@@ -274,6 +274,20 @@ def test_a_movement_op_is_indexed_once_per_index_in_a_schedule(monkeypatch: pyte
                              rtol=1e-4)
 
 
+def test_assign_that_reads_its_buffer_at_other_indices_computes_into_a_buffer_first() -> None:
+  x = np.arange(6, dtype=np.float32)
+  flipped = Tensor(x.copy()).contiguous().realize()
+  flipped.assign((flipped.flip(0) + flipped).reshape(2, 3).permute(1, 0).permute(1, 0).reshape(6))
+  assert sorted(schedule_of(flipped).reasons.values()) == ["assign", "it reads the buffer it is assigned into at "
+                                                                     "other indices"]
+  np.testing.assert_array_equal(flipped.numpy(), x[::-1] + x)
+  # the same indices only: each element is read before it is written, in one kernel
+  doubled = Tensor(x.copy()).contiguous().realize()
+  doubled.assign(doubled * 2 + 1)
+  assert list(schedule_of(doubled).reasons.values()) == ["assign"]
+  np.testing.assert_array_equal(doubled.numpy(), x * 2 + 1)
+
+
 def test_realizing_two_outputs_together() -> None:
   x = rand(4, N)
   a = Tensor(x) + 1
