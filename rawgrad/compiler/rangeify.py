@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
@@ -429,8 +429,9 @@ def _size_name(size: UOp) -> str:
 
 # *** the pipeline ***
 
-def create_schedule(outputs: list[UOp]) -> Schedule:
-  """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph."""
+def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
+  """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph. `on_kernel` is
+  called with each kernel as soon as it is built (in build order), so a caller can start compiling it."""
   sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
@@ -453,6 +454,7 @@ def create_schedule(outputs: list[UOp]) -> Schedule:
     if SPEC: verify_kernel(ast)
     items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(node.shape),
                               tuple(builder.operations)))
+    if on_kernel is not None: on_kernel(items[-1])
     roots.append(node)
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
   return Schedule(order_for_assigns(items, roots), make_becomes_map(cleaned, buffers_of), realizes)

@@ -1,11 +1,9 @@
 """Run a schedule: lower each kernel to a compiled runner, execute it, count and report what it did."""
 from __future__ import annotations
 
-import contextlib
 import sys
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import numpy as np
 
@@ -68,54 +66,53 @@ _runners: dict[tuple[str, UOp], CompiledRunner] = {}
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
   """The compiled kernel for an AST, from the in-memory cache (ASTs are hash-consed) or compiled now."""
-  runner, = compiled_runners([(device, ast)])
-  return runner
+  with KernelCompiler() as compiler:
+    return compiler.runner(device, ast)
 
 
-def compiled_runners(kernels: list[tuple[str, UOp]]) -> Iterator[CompiledRunner]:
-  """The compiled kernel for each (device, AST), in order. The new ones are all lowered first, each handed to a
-  compiler thread as soon as it is rendered: LLVM runs without holding the GIL, so compiling one kernel overlaps
-  lowering the next on a second core, and running the first kernels overlaps compiling the last."""
-  new = [key for key in dict.fromkeys(kernels) if key not in _runners]
-  if not new:
-    yield from (_runners[key] for key in kernels)
-    return
-  with ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile") as compiler_thread, _prompt_gil_handoff():
-    compiling = {key: _lower_and_compile(*key, compiler_thread) for key in new}
-    for key in kernels:
-      if key in compiling: _runners[key] = _load(*key, *compiling.pop(key))
-      yield _runners[key]
+class KernelCompiler:
+  """Compiles kernels on a second thread. `start` lowers and renders a kernel here and hands its source to the compiler
+  thread: LLVM runs without holding the GIL, so compiling one kernel overlaps lowering the next (and scheduling the
+  rest) on a second core. `runner` waits for a kernel's machine code and loads it."""
 
+  def __init__(self) -> None:
+    self.compiling: dict[tuple[str, UOp], tuple[LoweredKernel, str, Future[bytes]]] = {}
 
-@contextlib.contextmanager
-def _prompt_gil_handoff() -> Iterator[None]:
-  """The compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch interval
-  (5 ms) it waits that long after each while the lowering thread runs, and compiling takes half as long again."""
-  interval = sys.getswitchinterval()
-  sys.setswitchinterval(min(interval, 50e-6))
-  try:
-    yield
-  finally:
-    sys.setswitchinterval(interval)
+  def __enter__(self) -> KernelCompiler:
+    self.thread = ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile")
+    # the compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch interval
+    # (5 ms) it waits that long after each while this thread runs Python, and compiling takes half as long again
+    self.interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(self.interval, 50e-6))
+    return self
 
+  def __exit__(self, *exc_info: object) -> None:
+    self.thread.shutdown(wait=True, cancel_futures=True)
+    sys.setswitchinterval(self.interval)
 
-def _lower_and_compile(device: str, ast: UOp, compiler_thread: ThreadPoolExecutor) -> tuple:
-  lowered = lower_kernel(ast, searched_opts(ast, device))
-  if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
-  if SPEC: verify_program(ast.arg, lowered.program)
-  compiled = Device[device]
-  source = compiled.renderer.render(ast.arg, lowered.program)
-  if DEBUG >= 4: print(source)
-  return lowered, source, compiler_thread.submit(compile_cached, compiled.compiler, source)
+  def start(self, device: str, ast: UOp) -> None:
+    key = (device, ast)
+    if key in _runners or key in self.compiling: return
+    lowered = lower_kernel(ast, searched_opts(ast, device))
+    if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
+    if SPEC: verify_program(ast.arg, lowered.program)
+    compiled = Device[device]
+    source = compiled.renderer.render(ast.arg, lowered.program)
+    if DEBUG >= 4: print(source)
+    self.compiling[key] = lowered, source, self.thread.submit(compile_cached, compiled.compiler, source)
 
-
-def _load(device: str, ast: UOp, lowered: LoweredKernel, source: str, obj: Future[bytes]) -> CompiledRunner:
-  compiled, program = Device[device], lowered.program
-  variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
-  buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
-  runtime = compiled.program_class(_symbol(ast.arg), obj.result())
-  return CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables, lowered.parallel,
-                        lowered.slices(compiled.cores))
+  def runner(self, device: str, ast: UOp) -> CompiledRunner:
+    key = (device, ast)
+    if key in _runners: return _runners[key]
+    self.start(device, ast)
+    lowered, source, obj = self.compiling.pop(key)
+    compiled, program = Device[device], lowered.program
+    variables = tuple(sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
+    buffer_slots = tuple(sorted({u.arg for u in program if u.op is Ops.DEFINE_GLOBAL}))
+    runtime = compiled.program_class(_symbol(ast.arg), obj.result())
+    _runners[key] = CompiledRunner(ast.arg, device, program, source, runtime, buffer_slots, variables,
+                                   lowered.parallel, lowered.slices(compiled.cores))
+    return _runners[key]
 
 
 def _symbol(name: str) -> str:
@@ -123,9 +120,14 @@ def _symbol(name: str) -> str:
   return llvm_symbol(name)
 
 
-def run_schedule(items: list[ScheduleItem]) -> None:
-  runners = compiled_runners([(buffer_for(item.buffers[0]).device, item.ast) for item in items])
-  for runner, item in zip(runners, items):  # runners first: the last step of zip finishes the compiler thread
+def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = None) -> None:
+  """Run the kernels in order. Kernels the compiler has not started yet are all started first, so that running
+  the first kernels overlaps compiling the last."""
+  if compiler is None:
+    with KernelCompiler() as compiler: return run_schedule(items, compiler)
+  for item in items: compiler.start(_device_of(item), item.ast)
+  for item in items:
+    runner = compiler.runner(_device_of(item), item.ast)
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
     var_values = dict(item.var_values)
     if (capture := capturing()) is not None:
@@ -143,6 +145,10 @@ def run_schedule(items: list[ScheduleItem]) -> None:
     if DEBUG >= 2: print(_kernel_line(runner.name, seconds, cost))
 
 
+def _device_of(item: ScheduleItem) -> str:
+  return buffer_for(item.buffers[0]).device
+
+
 def _kernel_line(name: str, seconds: float, cost: KernelCost) -> str:
   gflops = cost.flops / seconds / 1e9 if seconds else 0.0
   gbs = cost.bytes_moved / seconds / 1e9 if seconds else 0.0
@@ -155,16 +161,18 @@ def realize_tensors(tensors: list) -> None:
   from rawgrad.tensor import all_tensors
   outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
   if not outputs: return
-  schedule = create_schedule(outputs)
-  becomes_map = schedule.becomes_map
-  live = list(all_tensors)
-  # one walk over the live tensors' graphs together: they share most of their nodes
-  graph = substitute(UOp.sink(*(tensor.uop for tensor in live)), becomes_map)
-  for tensor, uop in zip(live, graph.src): tensor.uop = uop
-  kept = {node for node in graph.toposort if node.op is Ops.BUFFER}
-  remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
-  plan_temporaries(schedule.items, kept)
-  run_schedule(schedule.items)
+  with KernelCompiler() as compiler:
+    # each kernel starts compiling as soon as it is built, while the scheduler builds the next
+    schedule = create_schedule(outputs, on_kernel=lambda item: compiler.start(_device_of(item), item.ast))
+    becomes_map = schedule.becomes_map
+    live = list(all_tensors)
+    # one walk over the live tensors' graphs together: they share most of their nodes
+    graph = substitute(UOp.sink(*(tensor.uop for tensor in live)), becomes_map)
+    for tensor, uop in zip(live, graph.src): tensor.uop = uop
+    kept = {node for node in graph.toposort if node.op is Ops.BUFFER}
+    remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
+    plan_temporaries(schedule.items, kept)
+    run_schedule(schedule.items, compiler)
 
 
 def remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:

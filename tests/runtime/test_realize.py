@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import rawgrad.runtime.realize as realize
+from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.runtime.compile import CompileError
 from rawgrad.tensor import Tensor
@@ -31,6 +32,25 @@ def _recording_compiles(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = N
   return threads
 
 
+def test_kernels_start_compiling_while_the_schedule_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
+  import rawgrad.compiler.rangeify as rangeify
+  events: list[str] = []
+  build, lower_kernel = rangeify.KernelBuilder.build, realize.lower_kernel
+  def recording_build(builder: rangeify.KernelBuilder) -> UOp:
+    events.append("build")
+    return build(builder)
+  def recording_lower(*args: object) -> object:
+    events.append("lower")
+    return lower_kernel(*args)
+  monkeypatch.setattr(rangeify.KernelBuilder, "build", recording_build)
+  monkeypatch.setattr(realize, "lower_kernel", recording_lower)
+  x = np.random.default_rng(2).standard_normal((7, 3)).astype(np.float32)
+  softmax = Tensor(x).softmax(1)
+  softmax.realize()
+  assert events == ["build", "lower"] * 3
+  np.testing.assert_allclose(softmax.numpy(), _softmax_rows(x), rtol=1e-5)
+
+
 def test_kernels_compile_on_a_second_thread_and_run_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
   threads = _recording_compiles(monkeypatch)
   x = np.random.default_rng(0).standard_normal((5, 13)).astype(np.float32)
@@ -45,7 +65,10 @@ def test_kernels_compile_on_a_second_thread_and_run_in_order(monkeypatch: pytest
 def test_the_same_kernel_twice_is_compiled_once(monkeypatch: pytest.MonkeyPatch) -> None:
   threads = _recording_compiles(monkeypatch)
   ast = create_schedule([(Tensor(np.arange(11, dtype=np.float32)) * 3).uop]).items[0].ast
-  first, second = realize.compiled_runners([("CPU", ast), ("CPU", ast)])
+  with realize.KernelCompiler() as compiler:
+    compiler.start("CPU", ast)
+    compiler.start("CPU", ast)
+    first, second = compiler.runner("CPU", ast), compiler.runner("CPU", ast)
   assert first is second and len(threads) == 1
   assert realize.get_runner("CPU", ast) is first and len(threads) == 1
 
