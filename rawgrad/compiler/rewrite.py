@@ -1,7 +1,6 @@
 """The rewrite engine: `UPat` patterns, `PatternMatcher` rule sets, and `graph_rewrite` to a fixed point."""
 from __future__ import annotations
 
-import functools
 import inspect
 import itertools
 import weakref
@@ -233,20 +232,17 @@ class _Rewriter:
       if not isinstance(result, UOp):
         raise RewriteError(f"{self.name}: rule at {rule.location} returned {type(result).__name__}, not a UOp")
       self.fired += 1
-      # the budget needs the input's size, a walk of the graph: only asked for once the least budget is spent
-      if self.fired > MAX_REWRITES_PER_INPUT_NODE and self.fired > self.budget:
-        raise RewriteError(f"{self.name}: rules fired {self.fired} times on a graph of {len(self.root.toposort)} "
-                           f"nodes without converging (last at {rule.location}, making a {result.op})")
+      if self.fired > self.budget:
+        raise RewriteError(f"{self.name}: rules fired {self.fired} times on a graph of {self.budget // 1000} nodes "
+                           f"without converging (last at {rule.location}, making a {result.op})")
       if self.tracing: REWRITE_TRACE.append(RewriteStep(self.name, rule.location, node, result))
       node = result
     raise RewriteError(f"{self.name}: rules do not converge at {node.op} after {MAX_REWRITES_PER_NODE} rewrites")
 
-  @functools.cached_property
-  def budget(self) -> int:
-    return MAX_REWRITES_PER_INPUT_NODE * len(self.root.toposort)
-
   def run(self, root: UOp) -> UOp:
-    self.root, self.fired = root, 0
+    # the input's toposort is needed for the budget and, kept cached on the input, keeps the nodes it reaches (and
+    # the cache's entries for them) alive while the input lives
+    self.fired, self.budget = 0, MAX_REWRITES_PER_INPUT_NODE * len(root.toposort)
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
     rounds_without_progress = 0
     while True:

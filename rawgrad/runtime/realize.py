@@ -77,18 +77,26 @@ class KernelCompiler:
 
   def __init__(self) -> None:
     self.compiling: dict[tuple[str, UOp], tuple[LoweredKernel, str, Future[bytes]]] = {}
+    self.thread: ThreadPoolExecutor | None = None  # started with the first kernel to compile: most realizes have none
+    self.interval = 0.0
 
   def __enter__(self) -> KernelCompiler:
-    self.thread = ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile")
-    # the compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch interval
-    # (5 ms) it waits that long after each while this thread runs Python, and compiling takes half as long again
-    self.interval = sys.getswitchinterval()
-    sys.setswitchinterval(min(self.interval, 50e-6))
     return self
 
   def __exit__(self, *exc_info: object) -> None:
+    if self.thread is None: return
     self.thread.shutdown(wait=True, cancel_futures=True)
     sys.setswitchinterval(self.interval)
+
+  def _compiler_thread(self) -> ThreadPoolExecutor:
+    if self.thread is None:
+      self.thread = ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile")
+      # the compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch
+      # interval (5 ms) it waits that long after each while this thread runs Python, and compiling takes half as
+      # long again
+      self.interval = sys.getswitchinterval()
+      sys.setswitchinterval(min(self.interval, 50e-6))
+    return self.thread
 
   def start(self, device: str, ast: UOp) -> None:
     key = (device, ast)
@@ -99,7 +107,7 @@ class KernelCompiler:
     compiled = Device[device]
     source = compiled.renderer.render(ast.arg, lowered.program)
     if DEBUG >= 4: print(source)
-    self.compiling[key] = lowered, source, self.thread.submit(compile_cached, compiled.compiler, source)
+    self.compiling[key] = lowered, source, self._compiler_thread().submit(compile_cached, compiled.compiler, source)
 
   def runner(self, device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)
@@ -166,10 +174,18 @@ def realize_tensors(tensors: list) -> None:
     schedule = create_schedule(outputs, on_kernel=lambda item: compiler.start(_device_of(item), item.ast))
     becomes_map = schedule.becomes_map
     live = list(all_tensors)
-    # one walk over the live tensors' graphs together: they share most of their nodes
-    graph = substitute(UOp.sink(*(tensor.uop for tensor in live)), becomes_map)
-    for tensor, uop in zip(live, graph.src): tensor.uop = uop
-    kept = {node for node in graph.toposort if node.op is Ops.BUFFER}
+    # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is checked on its
+    # own, which costs nothing more; the others are walked together in one substitute, since they share most nodes.
+    walked = [tensor for tensor in live if "toposort" in tensor.uop.__dict__]
+    fresh = [tensor for tensor in live if "toposort" not in tensor.uop.__dict__]
+    kept: set[UOp] = set()
+    for tensor in walked:
+      if any(node in becomes_map for node in tensor.uop.toposort): tensor.uop = substitute(tensor.uop, becomes_map)
+      kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+    if fresh:
+      graph = substitute(UOp.sink(*(tensor.uop for tensor in fresh)), becomes_map)
+      for tensor, uop in zip(fresh, graph.src): tensor.uop = uop
+      kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
     remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)
