@@ -154,7 +154,7 @@ def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = No
 
 
 def _device_of(item: ScheduleItem) -> str:
-  return buffer_for(item.buffers[0]).device
+  return item.buffers[0].device  # the output BUFFER node's DEVICE (cached on the node)
 
 
 def _kernel_line(name: str, seconds: float, cost: KernelCost) -> str:
