@@ -198,9 +198,11 @@ def linearize(ast: UOp) -> list[UOp]:
     while shared < min(len(loops), len(linearizer.open_loops)) and linearizer.open_loops[shared] is loops[shared]:
       shared += 1
     for loop in reversed(linearizer.open_loops[shared:]): linearizer.close_loop(loop)
+    # a staged copy made inside loops this nest reopens is made again, as soon as they are open
+    pending = list(stagings)
     for loop in loops[shared:]:
       linearizer.open_loop(loop)
-      linearizer.emit_ready_stagings(stagings)
+      linearizer.emit_ready_stagings(pending)
     linearizer.nest_nodes = {node for store in stores for node in store.toposort}
     for store in stores: linearizer.emit(store)
   for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)

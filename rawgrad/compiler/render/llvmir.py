@@ -212,6 +212,8 @@ class _FunctionWriter:
     self.emit(f"store {llvm_type(node.dtype)} {llvm_constant(node.arg[1], node.dtype)}, ptr {register}")
 
   def op_define_local(self, node: UOp) -> None:
+    # a second loop nest (a peeled remainder) fills the same local buffer again: one stack allocation serves both
+    if node in self.names: return
     register = f"%local{node.arg}"
     self.names[node] = register
     self.allocas.append(f"  {register} = alloca [{node.dtype.size} x {llvm_type(node.dtype.base, in_memory=True)}], "

@@ -67,3 +67,21 @@ def test_heuristics_block_rows_the_size_does_not_divide() -> None:
   opts = hand_coded_opts(item.ast)
   assert Opt(OptOps.UNROLL, 0, 12) in opts, opts
   np.testing.assert_allclose(run_item(item, None, 2).reshape(100, 96), a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_a_staged_copy_inside_a_peeled_loop_is_made_in_both_nests() -> None:
+  a, b = rand(25, 37, seed=1), rand(37, 70, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  opts = ROW_BLOCKS + [Opt(OptOps.LOCAL, 1, 2)]  # B's panel, copied inside the loop over column blocks
+  np.testing.assert_allclose(run_item(item, opts, 3).reshape(25, 70), a @ b, rtol=1e-4, atol=1e-4)
+  # the copy runs once per column block in each nest, never inside the reduction that reads it
+  open_kinds: list[str] = []
+  copies = 0
+  for u in lower_kernel(item.ast, opts).program:
+    if u.op is Ops.RANGE:
+      if u.arg[1] == "stage" and "stage" not in open_kinds:
+        assert "reduce" not in open_kinds
+        copies += 1
+      open_kinds.append(u.arg[1])
+    elif u.op is Ops.END: open_kinds.pop()
+  assert copies == 2
