@@ -290,6 +290,7 @@ def test_staging_a_padded_input_keeps_its_zeros() -> None:
   ([Opt(OptOps.LOCAL, 2, 2)], "inside an output loop"),
   ([Opt(OptOps.LOCAL, 0, 7)], "0 different loads"),
   ([Opt(OptOps.LOCAL, 0, 2), Opt(OptOps.UPCAST, 0, 4)], "only LOCAL can follow"),
+  ([Opt(OptOps.LOCAL, 1, 2), Opt(OptOps.LOCAL, 0, 2)], "parameter 2 is staged already"),
 ])
 def test_invalid_staging_raises(opts: list[Opt], message: str) -> None:
   with pytest.raises(OptError, match=message):

@@ -230,6 +230,9 @@ def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if target in reduce_ranges(ast): raise OptError(f"{opt}: stage inside an output loop")
   loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
            and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
+  # the load a staged copy makes is not one to stage again
+  copying = {node for after in ast.toposort if after.op is Ops.AFTER for node in after.toposort if node in loads}
+  if copying: raise OptError(f"{opt}: parameter {opt.amount} is staged already")
   if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
   load = loads.pop()
   used = {r for r in load.src[0].toposort if r.op is Ops.RANGE}
