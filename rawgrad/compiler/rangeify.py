@@ -119,8 +119,13 @@ def _strides(shape: tuple) -> list:
 
 
 def linear_index(idx: Index, shape: tuple) -> UOp:
-  total = as_index(0)
-  for i, stride in zip(idx, _strides(shape)): total = total + i * stride
+  """sum(i * stride) in row-major order, without the terms of zero indices or the multiplications by 1 (fewer nodes
+  to build and to simplify: most indices are a few ranges)."""
+  terms = [i if _is_one(stride) else i * stride for i, stride in zip(idx, _strides(shape))
+           if not (i.op is Ops.CONST and i.arg == 0)]
+  if not terms: return as_index(0)
+  total = terms[0]
+  for term in terms[1:]: total = total + term
   return total
 
 
