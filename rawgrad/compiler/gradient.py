@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from typing import Callable
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, substitute
@@ -153,11 +154,29 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
   return {target: substitute(grad, reverse) for target, grad in grads.items()} if reverse else grads
 
 
-def _gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+# A composite operation whose gradient the rules would build in a form that schedules badly can name a better one:
+# node -> function(node, gradient flowing into it, the nodes that need a gradient) -> {input: gradient}. It must give
+# the gradient of every input of the composite that can need one (the walk does not enter the composite's graph).
+# Keyed weakly: a node rebuilt differently (by expand_realized, say) falls back to the rules, which stay correct.
+custom_gradients: weakref.WeakKeyDictionary[UOp, Callable[[UOp, UOp, set[UOp]], dict[UOp, UOp]]] = \
+  weakref.WeakKeyDictionary()
+
+
+def rule_gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
+  """The gradients by the rules alone at `root` (custom gradients still apply below it): for a custom gradient that
+  wants the rules' result for some of its inputs."""
+  return _gradients(root, root_grad, targets, custom_at_root=False)
+
+
+def _gradients(root: UOp, root_grad: UOp, targets: set[UOp], custom_at_root: bool = True) -> dict[UOp, UOp]:
   needed = _on_path_to(root, targets)
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(list(root.toposort)):
     if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or node.op in LEAVES: continue
+    if (custom := custom_gradients.get(node)) is not None and (custom_at_root or node is not root):
+      for source, grad in custom(node, grads[node], needed).items():
+        if source in needed: grads[source] = grads[source] + grad if source in grads else grad
+      continue
     source_grads = pm_gradient.rewrite(node, ctx=grads[node])
     if source_grads is None: raise NotImplementedError(f"no gradient rule for {node.op}")
     for source, grad in zip(node.src, source_grads):

@@ -167,13 +167,39 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   # and repeats it for the windows, so its gradient is one sum
   grouped = x.reshape(batch, groups, 1, group_in, *spatial)
   windows = _windows(grouped, kernel, stride, dilation, (batch, groups, group_out, group_in))
-  weight = weight.reshape(1, groups, group_out, group_in, *(1,) * dims, *kernel)
   summed_axes = (3, *range(4 + dims, 4 + 2 * dims))
-  result = _contiguous_backward((windows * weight).sum(summed_axes).reshape(batch, out_channels, *out))
+  result = _contiguous_backward((windows * weight.reshape(1, groups, group_out, group_in, *(1,) * dims, *kernel))
+                                .sum(summed_axes).reshape(batch, out_channels, *out))
+  _input_gradient_by_transposed_convolution(result, x, weight, stride, dilation, groups, name)
   if bias is None: return result
   if bias.shape != (out_channels,):
     raise ValueError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
   return result + bias.reshape(1, out_channels, *(1,) * dims)
+
+
+def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight: Tensor, stride: tuple[int, ...],
+                                              dilation: tuple[int, ...], groups: int, name: str) -> None:
+  """The rules would make the input's gradient one kernel that scatters each output gradient back through the windows:
+  its loads are bounds-checked in the innermost loop (every input position sums the kernel positions that fall
+  outside the output). As a transposed convolution, the output gradient is padded into a buffer first and the kernel
+  reads it without checks (MNIST's second convolution, batch 128: 40 ms -> 14 ms). The weight's gradient stays
+  the rules'."""
+  from rawgrad.compiler.gradient import custom_gradients, rule_gradients
+  kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
+  # the transposed convolution's size is (out-1)*stride + dilation*(kernel-1) + 1; the rows past it got no window
+  extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(spatial, out, stride, dilation, kernel))
+  # UOps and the class only: the entry must not keep its key (result) or any Tensor alive
+  tensor, source, weights = type(x), x.uop, weight.uop
+
+  def gradient(node: UOp, output_gradient: UOp, wanted: set[UOp]) -> dict[UOp, UOp]:
+    grads = {}
+    if source in wanted:
+      flowing = tensor(UOp(Ops.CONTIGUOUS, output_gradient.dtype, (output_gradient,)))
+      grads[source] = _transposed(flowing, tensor(weights), stride, dilation, (0,) * len(kernel), extra, groups,
+                                  name).uop
+    if weights in wanted: grads.update(rule_gradients(node, output_gradient, {weights}))
+    return grads
+  custom_gradients[result.uop] = gradient
 
 
 def _contiguous_backward(x: Tensor) -> Tensor:
@@ -213,7 +239,7 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Size
   unbatched = _unbatched(x, dims)
   if unbatched: x = x.unsqueeze(0)
   _check_conv_shapes(name, x, weight, groups, dims, transposed=True)
-  kernel = _positive(tuple(weight.shape[2:]), f"{name} kernel size")
+  _positive(tuple(weight.shape[2:]), f"{name} kernel size")
   strides = _positive(_tuple(stride, dims, "stride"), "stride")
   dilations = _positive(_tuple(dilation, dims, "dilation"), "dilation")
   paddings = _tuple(padding, dims, "padding")
@@ -221,13 +247,23 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Size
   if any(p < 0 for p in paddings): raise ValueError(f"{name}: padding must not be negative, got {paddings}")
   if any(not 0 <= e < max(s, d) for e, s, d in zip(extra, strides, dilations)):
     raise ValueError(f"{name}: output_padding {extra} must be smaller than stride {strides} or dilation {dilations}")
+  result = _transposed(x, weight, strides, dilations, paddings, extra, groups, name)
+  if bias is not None:
+    if bias.shape != (result.shape[1],):
+      raise ValueError(f"{name}: bias of shape {bias.shape} does not match {result.shape[1]} output channels")
+    result = result + bias.reshape(1, result.shape[1], *(1,) * dims)
+  return result.squeeze(0) if unbatched else result
+
+
+def _transposed(x: Tensor, weight: Tensor, strides: tuple[int, ...], dilations: tuple[int, ...],
+                paddings: tuple[int, ...], extra: tuple[int, ...], groups: int, name: str) -> Tensor:
+  """The transposed convolution of a batched input with weight (in, out/groups, *kernel)."""
+  dims, kernel = weight.ndim - 2, tuple(weight.shape[2:])
   in_channels, group_out = weight.shape[0], weight.shape[1]
   flipped = weight.reshape(groups, in_channels // groups, group_out, *kernel).transpose(1, 2)
   flipped = flipped.reshape(groups * group_out, in_channels // groups, *kernel).flip(*range(2, 2 + dims))
-  spread = _spread(x, strides)
   edges = [(d * (k - 1) - p, d * (k - 1) - p + e) for k, d, p, e in zip(kernel, dilations, paddings, extra)]
-  result = _convolve(spread, flipped, bias, (1,) * dims, edges, dilations, groups, name)
-  return result.squeeze(0) if unbatched else result
+  return _convolve(_spread(x, strides), flipped, None, (1,) * dims, edges, dilations, groups, name)
 
 
 def _spread(x: Tensor, stride: tuple[int, ...]) -> Tensor:

@@ -488,6 +488,26 @@ def test_conv2d_gradient(options):
   check_gradient(lambda x, w, b: x.conv2d(w, b, **options), data(2, 4, 7, 6), weight, data(4))
 
 
+@pytest.mark.parametrize("function", [
+  lambda x, w: x.conv1d(w, stride=3, dilation=2),   # windows leave 1 row of the input unread
+  lambda x, w: x.conv1d(w, padding="same"),         # an even window: padded one more at the end
+], ids=["strided dilated", "same"])
+def test_conv1d_gradient(function):
+  check_gradient(function, data(2, 3, 12), data(4, 3, 2))
+
+
+def test_conv_input_gradient_is_a_transposed_convolution():
+  """The input's gradient is computed from a padded copy of the output gradient: its kernel has no bounds checks
+  (the autograd rules' form checks every load; tests/compiler/codegen/test_gates.py keeps that form covered)."""
+  from rawgrad.compiler.ir import Ops
+  from rawgrad.compiler.rangeify import create_schedule
+  x, w = Tensor(data(2, 3, 9, 9, dtype="float32")), Tensor(data(4, 3, 3, 3, dtype="float32"))
+  grad_x, = x.conv2d(w).gradient(x, gradient=Tensor(data(2, 4, 7, 7, dtype="float32")))
+  kernel = create_schedule([grad_x.uop]).items[-1].ast
+  reductions = [node for node in kernel.toposort if node.op is Ops.REDUCE]
+  assert reductions and not any(node.op is Ops.INDEX and len(node.src) == 3 for node in reductions[0].toposort)
+
+
 def test_conv_transpose2d_gradient():
   check_gradient(lambda x, w: x.conv_transpose2d(w, stride=2, padding=1, output_padding=1), data(1, 2, 4, 3),
                  data(2, 3, 3, 3))
