@@ -508,6 +508,21 @@ def test_conv_input_gradient_is_a_transposed_convolution():
   assert reductions and not any(node.op is Ops.INDEX and len(node.src) == 3 for node in reductions[0].toposort)
 
 
+def test_conv_weight_gradient_vectorizes_along_output_channels():
+  """The weight's gradient sums into a buffer with the output channels last, so they are the vector lanes (the rules'
+  form stores along the kernel's width)."""
+  from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
+  from rawgrad.compiler.codegen.opt.kernel import OptOps, loop_axes
+  from rawgrad.compiler.ir import Ops
+  from rawgrad.compiler.rangeify import create_schedule
+  x, w = Tensor(data(2, 3, 9, 9, dtype="float32")), Tensor(data(16, 3, 5, 5, dtype="float32"))
+  grad_w, = x.conv2d(w).gradient(w, gradient=Tensor(data(2, 16, 5, 5, dtype="float32")))
+  kernel = next(item.ast for item in create_schedule([grad_w.uop]).items
+                if any(node.op is Ops.REDUCE for node in item.ast.toposort))
+  upcast = next(opt for opt in hand_coded_opts(kernel) if opt.op is OptOps.UPCAST)
+  assert loop_axes(kernel)[upcast.axis].src[0].arg == 16
+
+
 def test_conv_transpose2d_gradient():
   check_gradient(lambda x, w: x.conv_transpose2d(w, stride=2, padding=1, output_padding=1), data(1, 2, 4, 3),
                  data(2, 3, 3, 3))
