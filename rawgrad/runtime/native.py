@@ -228,6 +228,23 @@ define i64 @load_acquire(ptr %address) {
   ret i64 %v
 }
 
+; one sleep on a signal's futex: count ourselves as a sleeper (so SIGNAL wakes us), then sleep at most timeout_ns
+; unless the signal has reached target meanwhile; true when it had (the caller rechecks after a sleep)
+define internal i1 @sleep_on_signal(ptr %signal, ptr %sleepers, i64 %target, i64 %timeout_ns) {
+entry:
+  %s0 = atomicrmw add ptr %sleepers, i32 1 seq_cst
+  %v = load atomic i64, ptr %signal seq_cst, align 8
+  %ready = icmp uge i64 %v, %target
+  br i1 %ready, label %leave, label %sleep
+sleep:
+  %low = trunc i64 %v to i32
+  call void @futex_wait(ptr %signal, i32 %low, i64 %timeout_ns)
+  br label %leave
+leave:
+  %s1 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
+  ret i1 %ready
+}
+
 ; returns false when the runtime stops before the signal reaches target
 define internal i1 @wait_signal(ptr %rt, ptr %signal, i64 %target) {
 entry:
@@ -266,17 +283,12 @@ sleep_start:
 sleep:
   %stop = load atomic i32, ptr %stop_field acquire, align 4
   %stopping = icmp ne i32 %stop, 0
-  br i1 %stopping, label %stopped, label %announce
-announce:
-  %s0 = atomicrmw add ptr %sleepers, i32 1 seq_cst
-  %v2 = load atomic i64, ptr %signal seq_cst, align 8
-  %ready2 = icmp uge i64 %v2, %target
-  br i1 %ready2, label %leave_ready, label %do_sleep
+  br i1 %stopping, label %stopped, label %do_sleep
 do_sleep:
-  %low = trunc i64 %v2 to i32
   %timeout = load i64, ptr %timeout_slot, align 8
-  call void @futex_wait(ptr %signal, i32 %low, i64 %timeout)
-  %s1 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
+  %ready2 = call i1 @sleep_on_signal(ptr %signal, ptr %sleepers, i64 %target, i64 %timeout)
+  br i1 %ready2, label %ready, label %backoff
+backoff:
   %doubled = shl i64 %timeout, 1
   %capped = icmp ugt i64 %doubled, $WAIT_BACKOFF_MAX_NS
   %next_timeout = select i1 %capped, i64 $WAIT_BACKOFF_MAX_NS, i64 %doubled
@@ -284,9 +296,6 @@ do_sleep:
   %v3 = load atomic i64, ptr %signal acquire, align 8
   %ready3 = icmp uge i64 %v3, %target
   br i1 %ready3, label %ready, label %sleep
-leave_ready:
-  %s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
-  br label %ready
 ready:
   ret i1 true
 stopped:
@@ -320,23 +329,13 @@ check_time:
   br i1 %late, label %timeout, label %choose
 choose:
   %spinning = icmp ult i64 %elapsed, %spin_ns
-  br i1 %spinning, label %spin, label %announce
+  br i1 %spinning, label %spin, label %sleep
 spin:
   call void @spin_step(i64 %elapsed)
   br label %check
-announce:
-  %s0 = atomicrmw add ptr %sleepers, i32 1 seq_cst
-  %v2 = load atomic i64, ptr %signal seq_cst, align 8
-  %ready2 = icmp uge i64 %v2, %target
-  br i1 %ready2, label %leave, label %sleep
 sleep:
-  %low = trunc i64 %v2 to i32
-  call void @futex_wait(ptr %signal, i32 %low, i64 $WAIT_BACKOFF_MAX_NS)
-  %s1 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
-  br label %check
-leave:
-  %s2 = atomicrmw sub ptr %sleepers, i32 1 seq_cst
-  br label %done
+  %ready2 = call i1 @sleep_on_signal(ptr %signal, ptr %sleepers, i64 %target, i64 $WAIT_BACKOFF_MAX_NS)
+  br i1 %ready2, label %done, label %check
 done:
   ret i64 1
 timeout:
