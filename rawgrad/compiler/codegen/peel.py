@@ -30,7 +30,7 @@ def peel_remainders(ast: UOp) -> UOp:
 def _peel(ast: UOp, loop: UOp) -> tuple[UOp, ...] | None:
   """The stores with `loop` peeled, or None when its gates do not all go away (or a staged copy depends on it: both
   halves would fill the same local buffer)."""
-  if not any(loop in gate.toposort for gate in _gates(ast)): return None
+  if not gated_by(ast, loop): return None
   if any(node.op is Ops.AFTER and loop in node.toposort for node in ast.toposort): return None
   last = loop.src[0].arg - 1
   shorter = UOp.range(last, loop.arg[0], range_kind(loop))
@@ -40,10 +40,12 @@ def _peel(ast: UOp, loop: UOp) -> tuple[UOp, ...] | None:
       stores.append(store)
       continue
     main = simplify_addresses(substitute(store, {loop: shorter}))
-    if any(shorter in gate.toposort for gate in _gates(main)): return None
+    if gated_by(main, shorter): return None
     stores += [main, simplify_addresses(substitute(store, {loop: UOp.const(loop.dtype, last)}))]
   return tuple(stores)
 
 
-def _gates(node: UOp) -> list[UOp]:
-  return [index.src[2] for index in node.toposort if index.op is Ops.INDEX and len(index.src) == 3]
+def gated_by(node: UOp, loop: UOp) -> bool:
+  """Some access under `node` is gated on the loop."""
+  return any(index.op is Ops.INDEX and len(index.src) == 3 and loop in index.src[2].toposort
+             for index in node.toposort)

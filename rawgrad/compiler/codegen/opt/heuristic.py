@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
+from rawgrad.compiler.codegen.peel import gated_by
 from rawgrad.compiler.codegen.opt.kernel import (Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges,
                                                  size_of, stride)
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
@@ -312,11 +313,6 @@ def _group(plan: _Planner) -> bool:
   return len(plan.opts) > count
 
 
-def _gated(ast: UOp, r: UOp) -> bool:
-  """Some access is gated on the loop (a split it does not divide left a shorter last block)."""
-  return any(node.op is Ops.INDEX and len(node.src) == 3 and r in node.src[2].toposort for node in ast.toposort)
-
-
 def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
   """Run an output loop on all cores: the outermost (always, when a packed tile must stay per core), else the first
   with enough iterations to share out, else the first that has more than one. A reduction whose output loops are all
@@ -327,7 +323,7 @@ def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
   if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
   # codegen peels the shorter last block off an ordinary loop, not off one split between cores
-  loops = [r for r in loops if not _gated(plan.ast, r)] or loops
+  loops = [r for r in loops if not gated_by(plan.ast, r)] or loops
   if not outermost:
     loops = [r for r in loops if (_constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])
