@@ -23,8 +23,9 @@ def _check_alu_dtypes(stage: str, node: UOp) -> None:
   if node.op in (Ops.SHL, Ops.SHR): return
   operand_dtypes = {source.dtype for source in node.src}
   if len(operand_dtypes) != 1: _fail(stage, node, f"operands have different dtypes {sorted(map(repr, operand_dtypes))}")
-  expected = dtypes.bool if node.op in GroupOp.Comparison else next(iter(operand_dtypes))
-  if node.dtype.scalar != expected: _fail(stage, node, f"result dtype should be {expected!r}")
+  operand = next(iter(operand_dtypes))
+  expected = dtypes.bool.vec(operand.count) if node.op in GroupOp.Comparison else operand
+  if node.dtype != expected: _fail(stage, node, f"result dtype should be {expected!r}")
 
 
 def verify_tensor_graph(sink: UOp) -> None:
@@ -93,3 +94,30 @@ def _check_barrier(stage: str, barrier: UOp, open_loops: list[UOp], parallel: li
   sizes = {r.src[0].arg if r.src[0].op is Ops.CONST else None for r in parallel}
   if not isinstance(barrier.arg, int) or barrier.arg < 1 or (parallel and sizes != {barrier.arg}):
     _fail(stage, barrier, f"counts {barrier.arg!r} chunks, its parallel loops have {sorted(map(str, sizes))}")
+
+
+_BUFFER_OPS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_SCRATCH, Ops.AFTER, Ops.BARRIER)
+_KINDS = ("parallel", "loop", "reduce", "upcast", "unroll", "stage", "thread")
+
+
+def verify_lowering(stage: str, ast: UOp, gone: frozenset[str] = frozenset()) -> None:
+  """Between codegen passes: a SINK of STOREs into INDEXed buffers; ALU dtypes agree; indices are index-typed and
+  gates bool; ranges have a known kind, and none of the kinds in `gone` (an earlier pass removed them)."""
+  where = f"kernel {ast.arg} after {stage}"
+  if ast.op is not Ops.SINK: _fail(where, ast, "a kernel must be a SINK")
+  for store in ast.src:
+    if store.op is not Ops.STORE or store.src[0].op is not Ops.INDEX:
+      _fail(where, store, "a kernel's SINK holds only STOREs to INDEXed buffers")
+  for node in ast.toposort:
+    if node.op in GroupOp.Movement or node.op in (Ops.REDUCE_AXIS, Ops.BUFFER, Ops.CONTIGUOUS, Ops.DEVICE):
+      _fail(where, node, "tensor-level op left in a kernel")
+    if node.op in GroupOp.ALU: _check_alu_dtypes(where, node)
+    if node.op is Ops.INDEX:
+      if node.src[0].op not in _BUFFER_OPS: _fail(where, node, f"INDEX addresses {node.src[0].op}, not a buffer")
+      if node.src[1].dtype.scalar != dtypes.index: _fail(where, node, f"index has dtype {node.src[1].dtype!r}")
+      if len(node.src) > 2 and node.src[2].dtype.scalar != dtypes.bool: _fail(where, node, "gate must be bool")
+    if node.op is Ops.RANGE:
+      if node.arg[1] not in _KINDS: _fail(where, node, f"unknown range kind {node.arg[1]!r}")
+      if node.arg[1] in gone: _fail(where, node, f"a {node.arg[1]} range is left after {stage}")
+    if node.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in node.src[1:]):
+      _fail(where, node, "REDUCE loops over RANGEs only")

@@ -18,150 +18,45 @@
 """
 from __future__ import annotations
 
-import functools
 import math
-from dataclasses import dataclass
 
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
 from rawgrad.compiler.codegen.peel import gated_by
-from rawgrad.compiler.codegen.opt.kernel import (Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges,
-                                                 size_of, stride)
+from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
+from rawgrad.compiler.codegen.opt.kernel import MAX_LOCAL_BYTES, Opt, OptOps, loop_axes, reduce_ranges, size_of, stride
+from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
+from rawgrad.compiler.target import Target, host_target
 
-MAX_ACCUMULATORS = 24          # of AVX-512's 32 vector registers; the rest hold loaded values
+ACCUMULATOR_SHARE = 0.75       # of the vector registers hold accumulators; the rest hold loaded values
 MAX_ROW_BLOCK = 12             # rows of a register block: each is a stream through memory, more thrash the L1 sets
 PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other cores costs more than it saves
 PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
-STAGE_BYTES = 1 << 20          # one packed tile: half the L2 cache, and all a local buffer may hold
+STAGE_SHARE = 0.5              # of the L2 cache one packed tile may use (and at most what a local buffer holds)
 STREAM_BYTES = 16 << 20         # outputs at least this large are not read back from the caches anyway
 GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machines up to 32 cores, so they balance;
                                 # fixed, so a reduction rounds the same way on every machine
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
-@functools.cache
-def vector_bytes() -> int:
-  """The widest vector the host CPU computes with natively."""
-  import llvmlite.binding as llvm
-  features = llvm.get_host_cpu_features()
-  if features.get("avx512f"): return 64
-  if features.get("avx2") or features.get("avx"): return 32
-  return 16
-
-
-@dataclass(frozen=True)
-class Access:
-  """A load or store of a kernel: which parameter, at which index, with which element type."""
-  buffer: int
-  index: UOp
-  itemsize: int
-  is_store: bool
-
-
-def accesses(ast: UOp) -> list[Access]:
-  """Every load from and store to a kernel parameter."""
-  found = []
-  for node in ast.toposort:
-    if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX:
-      index = node.src[0]
-      found.append(Access(index.src[0].arg, index.src[1], node.dtype.itemsize, False))
-    if node.op is Ops.STORE:
-      index, value = node.src
-      found.append(Access(index.src[0].arg, index.src[1], value.dtype.itemsize, True))
-  return found
-
-
-def _constant(size: int | UOp) -> int | None:
-  return size if isinstance(size, int) else None
-
-
-def vector_amount(size: int | None, lanes: int) -> int:
-  """How many lanes to give an axis of this size (0: do not vectorize it): a machine vector, or the power of two
-  that holds a smaller axis. LLVM splits vectors of other widths badly (spilling them to the stack); masked lanes
-  cost far less."""
-  if size is None or size >= lanes: return lanes
-  if size < 2: return 0
-  return 1 << (size - 1).bit_length()
-
-
-def unroll_amount(size: int | None, limit: int) -> int:
-  """The largest useful number of copies of an axis of this size, at most `limit` (0: none)."""
-  if limit < 2: return 0
-  if size is None: return limit
-  if size < 2: return 0
-  if size <= limit: return size
-  for amount in range(limit, 1, -1):
-    if size % amount == 0 and amount * 2 > limit: return amount
-  return limit
-
-
-class _Planner:
-  """Applies opts one by one, re-reading the kernel after each (an opt renumbers the loops)."""
-
-  def __init__(self, ast: UOp):
-    self.ast, self.opts = ast, []
-
-  def apply(self, op: OptOps, target: UOp, amount: int = 0) -> UOp | None:
-    """Apply the opt to the loop `target`. For a split, the outer loop that keeps the target's place (None when the
-    whole loop was used up, or the opt did not apply)."""
-    before = loop_axes(self.ast)
-    position = before.index(target)
-    opt = Opt(op, position, amount)
-    try:
-      self.ast = apply_opt(self.ast, opt)
-    except OptError:
-      return None
-    self.opts.append(opt)
-    after = loop_axes(self.ast)
-    return after[position] if len(after) == len(before) else None
-
-  def apply_local(self, buffer: int) -> None:
-    """Stage the parameter inside the outermost loop."""
-    opt = Opt(OptOps.LOCAL, 0, buffer)
-    try:
-      self.ast = apply_opt(self.ast, opt)
-    except OptError:
-      return
-    self.opts.append(opt)
-
-  def apply_stream(self) -> None:
-    """Make the stores stream past the caches."""
-    self.ast = apply_opt(self.ast, Opt(OptOps.STREAM, 0))
-    self.opts.append(Opt(OptOps.STREAM, 0))
-
-  @property
-  def loops(self) -> list[UOp]:
-    return loop_axes(self.ast)
-
-  @property
-  def reduce_loops(self) -> list[UOp]:
-    inner = reduce_ranges(self.ast)
-    return [r for r in self.loops if r in inner]
-
-  @property
-  def output_loops(self) -> list[UOp]:
-    inner = reduce_ranges(self.ast)
-    return [r for r in self.loops if r not in inner]
-
-  def uses_lanes(self, index: UOp) -> bool:
-    """The index moves with the vector lanes (a vector load, or a gather)."""
-    return any(node.op is Ops.RANGE and node.arg[1] == "upcast" for node in index.toposort)
-
-
-def hand_coded_opts(ast: UOp) -> list[Opt]:
-  """The opts the heuristics choose for a kernel."""
+def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
+  """The opts the heuristics choose for a kernel on a target (the host CPU by default)."""
+  target = target or host_target()
   ast = simplify_gated_indices(ast)
+  if target.is_gpu: return gpu_opts(ast, target)
   if not any(node.op is Ops.STORE for node in ast.src): return []
-  plan = _Planner(ast)
+  plan = Planner(ast)
   if not plan.loops: return []
   store = next(a for a in accesses(ast) if a.is_store)
   itemsize = max(a.itemsize for a in accesses(ast))
-  lanes = max(1, vector_bytes() // itemsize)
+  lanes = max(1, target.vector_bytes // itemsize)
+  accumulators = int(target.vector_registers * ACCUMULATOR_SHARE)
   work = _work(ast)
   vector_axis, across_reduce = _choose_vector_axis(plan, store)
   if vector_axis is not None:
-    _vectorize(plan, vector_axis, across_reduce, lanes)
-  staged = _tile_for_staging(plan) if vector_axis is not None and not across_reduce else None
+    _vectorize(plan, vector_axis, across_reduce, lanes, accumulators)
+  stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
+  staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce else None
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
   if staged is not None: plan.apply_local(staged)
@@ -175,7 +70,7 @@ def _output_bytes(ast: UOp) -> int:
   return output.dtype.size * output.dtype.base.itemsize
 
 
-def _choose_vector_axis(plan: _Planner, store: Access) -> tuple[UOp | None, bool]:
+def _choose_vector_axis(plan: Planner, store: Access) -> tuple[UOp | None, bool]:
   """The loop whose iterations become vector lanes: among the output loops the store is contiguous along and the
   reduce loops some load is contiguous along, the one that leaves the fewest accesses to gather lane by lane (ties:
   an output loop, so no lanes need combining; then the innermost)."""
@@ -192,9 +87,9 @@ def _choose_vector_axis(plan: _Planner, store: Access) -> tuple[UOp | None, bool
   return best, best in inner
 
 
-def _vectorize(plan: _Planner, axis: UOp, across_reduce: bool, lanes: int) -> None:
+def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, accumulators: int) -> None:
   """Upcast the axis, then give the reduction its accumulators (several vectors, or register blocks)."""
-  amount = vector_amount(_constant(size_of(axis)), lanes)
+  amount = vector_amount(constant(size_of(axis)), lanes)
   if amount == 0: return
   count = len(plan.opts)
   remaining = plan.apply(OptOps.UPCAST, axis, amount)
@@ -203,50 +98,50 @@ def _vectorize(plan: _Planner, axis: UOp, across_reduce: bool, lanes: int) -> No
   if across_reduce:
     if remaining is not None:
       # separate accumulators so consecutive additions do not wait for each other
-      plan.apply(OptOps.UNROLL, remaining, unroll_amount(_constant(size_of(remaining)), max(1, 4 // vectors)))
+      plan.apply(OptOps.UNROLL, remaining, unroll_amount(constant(size_of(remaining)), max(1, 4 // vectors)))
     return
-  if plan.reduce_loops: _block_registers(plan, remaining, vectors)
+  if plan.reduce_loops: _block_registers(plan, remaining, vectors, accumulators)
 
 
-def _block_registers(plan: _Planner, vector_outer: UOp | None, vectors: int) -> None:
+def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, accumulators: int) -> None:
   """Unroll output loops so each loaded value feeds several accumulators: the output loop along which a loaded vector
   does not move (a matmul's rows: each vector of B then feeds a block of rows), and the vector axis once more when
   some load is a broadcast scalar (each broadcast then feeds two vectors). The rows are unrolled first so the copies
   run row by row: a broadcast is used as soon as it is loaded, and LLVM keeps the block in registers (column by
   column, all the broadcasts of a block are live at once and spill)."""
   loads = [a for a in accesses(plan.ast) if not a.is_store]
-  budget = MAX_ACCUMULATORS // vectors
+  budget = accumulators // vectors
   across = 0
   if vector_outer is not None and budget >= 4 and any(not plan.uses_lanes(a.index) for a in loads):
-    across = unroll_amount(_constant(size_of(vector_outer)), 2)
+    across = unroll_amount(constant(size_of(vector_outer)), 2)
   vector_loads = [a for a in loads if plan.uses_lanes(a.index)]
   reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
-           and _constant(size_of(r)) != 1]
+           and constant(size_of(r)) != 1]
   if reuse:
     rows = reuse[-1]
     vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
     rows_position, loops_before = plan.loops.index(rows), len(plan.loops)
     # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
-    amount = min(_constant(size_of(rows)) or MAX_ROW_BLOCK, budget // max(across, 1), MAX_ROW_BLOCK)
+    amount = min(constant(size_of(rows)) or MAX_ROW_BLOCK, budget // max(across, 1), MAX_ROW_BLOCK)
     if amount >= 2: plan.apply(OptOps.UNROLL, rows, amount)
     if vector_position is not None and across:
       if len(plan.loops) < loops_before and rows_position < vector_position: vector_position -= 1
       plan.apply(OptOps.UNROLL, plan.loops[vector_position], across)
   elif vector_outer is not None and _jumps(plan, vector_loads):
     # nothing to reuse (a sum over columns): read longer runs of each row before jumping to the next
-    plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(_constant(size_of(vector_outer)), min(8, budget)))
+    plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(8, budget)))
   elif vector_outer is not None and across:
     plan.apply(OptOps.UNROLL, vector_outer, across)
 
 
-def _jumps(plan: _Planner, loads: list[Access]) -> bool:
+def _jumps(plan: Planner, loads: list[Access]) -> bool:
   """Some load moves by more than a cache line from one iteration of the innermost reduce loop to the next."""
   innermost = plan.reduce_loops[-1]
   return any((jump := stride(a.index, innermost)) is None or abs(jump) * a.itemsize > 64 for a in loads)
 
 
-def _tile_for_staging(plan: _Planner) -> int | None:
-  """Tile the loop along which a strided vector load moves so one tile of it fits STAGE_BYTES; the tile loop becomes
+def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
+  """Tile the loop along which a strided vector load moves so one tile of it fits stage_bytes; the tile loop becomes
   the outermost. The parameter to stage (None when no load needs packing)."""
   if not plan.reduce_loops: return None
   innermost = plan.reduce_loops[-1]
@@ -254,16 +149,16 @@ def _tile_for_staging(plan: _Planner) -> int | None:
     if access.is_store or not plan.uses_lanes(access.index): continue
     jump = stride(access.index, innermost)
     if jump is None or abs(jump) * access.itemsize <= 64: continue
-    reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and _constant(size_of(r)) not in (None, 1)]
+    reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and constant(size_of(r)) not in (None, 1)]
     moving = [r for r in plan.output_loops if stride(access.index, r) != 0]
     if not reused or not moving: continue
     tile_bytes = access.itemsize * _expanded_elements(access.index)
     for r in plan.reduce_loops:
-      if stride(access.index, r) != 0: tile_bytes *= _constant(size_of(r)) or 1 << 30
+      if stride(access.index, r) != 0: tile_bytes *= constant(size_of(r)) or 1 << 30
     target = moving[-1]
-    size = _constant(size_of(target))
-    if size is None or size * tile_bytes <= STAGE_BYTES: continue  # all of it fits the cache already
-    amount = _divisor_at_most(size, STAGE_BYTES // tile_bytes)
+    size = constant(size_of(target))
+    if size is None or size * tile_bytes <= stage_bytes: continue  # all of it fits the cache already
+    amount = _divisor_at_most(size, stage_bytes // tile_bytes)
     if amount < 1: continue
     count = len(plan.opts)
     plan.apply(OptOps.TILE, target, amount)
@@ -291,20 +186,20 @@ def _work(ast: UOp) -> int | None:
   """Iterations of the innermost code times its operations, roughly; None when sizes are symbolic."""
   total = 1
   for r in loop_axes(ast):
-    size = _constant(size_of(r))
+    size = constant(size_of(r))
     if size is None: return None
     total *= size
   operations = sum(1 for node in ast.toposort if node.op in GroupOp.ALU or node.op in (Ops.LOAD, Ops.STORE))
   return total * max(1, operations)
 
 
-def _group(plan: _Planner) -> bool:
+def _group(plan: Planner) -> bool:
   """GROUP a reduce loop into GROUP_CHUNKS chunks, fewer when a chunk would reduce fewer than GROUP_MIN_CHUNK
   elements: the outermost loop that has that many iterations, else the longest. True when it applied."""
-  sizes = [_constant(size_of(r)) for r in reduce_ranges(plan.ast)]
+  sizes = [constant(size_of(r)) for r in reduce_ranges(plan.ast)]
   if None in sizes: return False
   wanted = min(GROUP_CHUNKS, math.prod(sizes) // GROUP_MIN_CHUNK)
-  loops = {r: _constant(size_of(r)) or 0 for r in plan.reduce_loops}
+  loops = {r: constant(size_of(r)) or 0 for r in plan.reduce_loops}
   target = next((r for r, size in loops.items() if size >= wanted), max(loops, key=lambda r: loops[r]))
   chunks = min(wanted, loops[target])
   if chunks < 2: return False
@@ -313,17 +208,17 @@ def _group(plan: _Planner) -> bool:
   return len(plan.opts) > count
 
 
-def _parallelize(plan: _Planner, work: int | None, outermost: bool) -> None:
+def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
   """Run an output loop on all cores: the outermost (always, when a packed tile must stay per core), else the first
   with enough iterations to share out, else the first that has more than one. A reduction whose output loops are all
   too short to share out is split into chunks instead, when that applies."""
   if work is not None and work < PARALLEL_MIN_WORK: return
-  loops = [r for r in plan.output_loops if _constant(size_of(r)) != 1]
-  few_outputs = all((_constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
+  loops = [r for r in plan.output_loops if constant(size_of(r)) != 1]
+  few_outputs = all((constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
   if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
   # codegen peels the shorter last block off an ordinary loop, not off one split between cores
   loops = [r for r in loops if not gated_by(plan.ast, r)] or loops
   if not outermost:
-    loops = [r for r in loops if (_constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
+    loops = [r for r in loops if (constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])

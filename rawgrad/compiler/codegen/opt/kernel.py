@@ -10,6 +10,7 @@ the loop order. After any opt the AST is again a plain kernel AST; its ranges ca
   upcast     not a loop: the lanes of a vector (at most one per kernel, on an output or a reduce axis)
   unroll     not a loop: copies of the code (an output axis gets separate accumulators, a reduce axis too)
   stage      a loop that copies an input into a local buffer (made by LOCAL; no other opt touches it)
+  thread     not a loop (GPUs): the threads of a block, one iteration each (made by THREADS and BLOCK_REDUCE)
 
 GROUP splits a reduction across cores, and its kernel is no longer a single store. The reduce loop becomes
 `group*chunk + inner` and the kernel holds two stores: inside the group loop (kind "parallel", one iteration per
@@ -17,6 +18,11 @@ chunk) the partial reduction of every output element is stored into a scratch ar
 kernel's image, `chunks*outputs` accumulators); the second store reads the scratch through BARRIER(scratch), where
 the slices meet and only the one that finishes last goes on: it combines the partials in chunk order (a REDUCE over a
 "reduce" loop of `chunks` iterations), evaluates the rest of the stored expression and stores the outputs.
+
+BLOCK_REDUCE splits a reduction across the threads of a GPU block. The reduce loop becomes `outer*threads + lane`:
+every thread (lane) reduces its share over `outer`, stores the partial result into shared memory (DEFINE_LOCAL) at
+its own place, all threads meet at BARRIER(local, partial store), and each reads the block's partials back and
+combines them in lane order (a REDUCE over a new "reduce" loop); lane 0 stores the output.
 
 The loop order is the order of the range ids (arg[0]): output loops first (the parallel one outermost), then the loops
 of each REDUCE; upcast and unroll ranges come last. `loop_axes(ast)` lists the loops in that order and an opt names
@@ -41,9 +47,11 @@ from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import DType, dtypes
 
-PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE = "parallel", "loop", "reduce", "upcast", "unroll", "stage"
+PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
+  "thread"
 LOOP_KINDS = (PARALLEL, LOOP, REDUCE)
 EXPANDED_KINDS = (UPCAST, UNROLL)
+MAX_THREAD_AXES = 3  # a GPU block has three thread dimensions
 
 MAX_UPCAST = 128   # lanes of the one vector axis
 MAX_UNROLL = 256   # copies of the code, all unrolled axes together
@@ -60,6 +68,8 @@ class OptOps(Enum):
   LOCAL = auto()     # inside the loop, copy what the loops within it read of parameter `amount` to a local buffer
   STREAM = auto()    # vector stores bypass the cache (non-temporal): for outputs larger than the caches
   GROUP = auto()     # the reduce loop is cut into `amount` chunks reduced in parallel; the last slice combines them
+  THREADS = auto()   # split; the inner `amount` iterations become threads of a GPU block
+  BLOCK_REDUCE = auto()  # the reduce loop is shared by `amount` threads of a block, combined through shared memory
 
   def __repr__(self) -> str:
     return self.name
@@ -119,6 +129,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   if opt.op is OptOps.LOCAL: return stage_load(ast, axes, opt)
   if opt.op is OptOps.STREAM: return stream_stores(ast, opt)
   if opt.op is OptOps.GROUP: return group_reduce(ast, axes, opt)
+  if opt.op is OptOps.BLOCK_REDUCE: return block_reduce(ast, axes, opt)
   target = axes[opt.axis]
   inner = reduce_ranges(ast)
   ranges = all_ranges(ast)
@@ -128,6 +139,13 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     _check_expansion(ranges, kind, amount, opt)
     ast, outer, split = split_range(ast, target, amount, kind)
     order = _replace(axes, target, [outer] if outer is not None else []) + _expanded(ranges) + [split]
+  elif opt.op is OptOps.THREADS:
+    if target in inner: raise OptError(f"{opt}: threads split an output loop, not a reduce loop")
+    if range_kind(target) == PARALLEL: raise OptError(f"{opt}: a kernel runs on cores or on GPU threads, not both")
+    if opt.amount < 1: raise OptError(f"{opt}: a block needs a positive number of threads")
+    if len(_threads(ranges)) >= MAX_THREAD_AXES: raise OptError(f"{opt}: a block has {MAX_THREAD_AXES} thread axes")
+    ast, outer, split = split_range(ast, target, opt.amount, THREAD)
+    order = _replace(axes, target, [outer] if outer is not None else [])
   elif opt.op is OptOps.TILE:
     if opt.amount < 1: raise OptError(f"{opt}: a tile needs a positive amount")
     # the outer part of the parallel loop stays parallel, its inner part is an ordinary loop
@@ -144,12 +162,13 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
   elif opt.op is OptOps.PARALLEL:
     if target in inner: raise OptError(f"{opt}: a reduce loop cannot run in parallel")
     if any(range_kind(r) == PARALLEL for r in axes): raise OptError(f"{opt}: the kernel already has a parallel loop")
+    if _threads(ranges): raise OptError(f"{opt}: a kernel runs on cores or on GPU threads, not both")
     parallel = target.replace(arg=(target.arg[0], PARALLEL))
     ast = _substitute_ranges(ast, {target: parallel})
     order = [parallel] + [r for r in axes if r is not target]
   else:
     raise OptError(f"unknown opt {opt}")
-  return renumber(ast, order + [r for r in _expanded(all_ranges(ast)) if r not in order])
+  return renumber(ast, order + [r for r in _placed_after_loops(all_ranges(ast)) if r not in order])
 
 
 # *** streaming stores ***
@@ -183,6 +202,7 @@ def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if any(range_kind(r) == PARALLEL for r in axes):
     raise OptError(f"{opt}: the kernel already has a parallel loop (a GROUP's chunks run in parallel instead)")
   if len(reduces) != 1: raise OptError(f"{opt}: a GROUP needs exactly one REDUCE, the kernel has {len(reduces)}")
+  if _threads(all_ranges(ast)): raise OptError(f"{opt}: a kernel runs on cores or on GPU threads, not both")
   if len(ast.src) != 1: raise OptError(f"{opt}: a GROUP needs exactly one store, the kernel has {len(ast.src)}")
   if opt.amount < 1: raise OptError(f"{opt}: the number of chunks must be positive")
   size = size_of(target)
@@ -217,7 +237,55 @@ def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   final_store = _substitute_ranges(ast.src[0], {reduction: combined})
   grouped = ast.replace(src=(partial_store, final_store))
   loops = ([group] if chunks > 1 else []) + _replace(axes, target, [inner]) + [combine]
-  return renumber(grouped, loops + _expanded(all_ranges(grouped)))
+  return renumber(grouped, loops + _placed_after_loops(all_ranges(grouped)))
+
+
+# *** a reduction split across the threads of a GPU block ***
+
+def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
+  """BLOCK_REDUCE: reduce loop `axis` becomes `outer*amount + lane`; each of the `amount` lanes (threads of the block)
+  reduces its share, stores its partial result into shared memory, and after a barrier every lane combines the
+  block's partials in lane order; lane 0 stores the output. Consecutive lanes read consecutive elements, so the
+  loads of a warp are coalesced."""
+  target = axes[opt.axis]
+  reduces = [node for node in ast.toposort if node.op is Ops.REDUCE]
+  if target not in reduce_ranges(ast): raise OptError(f"{opt}: loop {opt.axis} is not a reduce loop")
+  if len(reduces) != 1: raise OptError(f"{opt}: a BLOCK_REDUCE needs exactly one REDUCE, the kernel has {len(reduces)}")
+  if len(ast.src) != 1: raise OptError(f"{opt}: a BLOCK_REDUCE needs exactly one store, the kernel has {len(ast.src)}")
+  if any(range_kind(r) == PARALLEL for r in axes): raise OptError(f"{opt}: a kernel runs on cores or on GPU threads")
+  if opt.amount < 2: raise OptError(f"{opt}: a reduction shared by fewer than 2 threads is not shared")
+  ranges = all_ranges(ast)
+  if len(_threads(ranges)) >= MAX_THREAD_AXES: raise OptError(f"{opt}: a block has {MAX_THREAD_AXES} thread axes")
+  if any(range_kind(r) in EXPANDED_KINDS and r in reduces[0].src[1:] for r in ranges):
+    raise OptError(f"{opt}: the reduction's vector or unrolled axes would need combining per lane")
+  reduction = reduces[0]
+  fresh = max(r.arg[0] for r in ranges) + 1
+  lane = UOp.range(opt.amount, fresh, THREAD)
+  outer = UOp.range(simplify((target.src[0] + (opt.amount - 1)) // opt.amount), fresh + 1, REDUCE)
+  replacement = outer * opt.amount + lane
+  split = _rebuild(ast, target, replacement, (outer,), simplify(replacement < target.src[0]))
+  partial = next(node for node in split.toposort if node.op is Ops.REDUCE)
+  threads = [r for r in _threads(all_ranges(split)) if r is not lane] + [lane]
+  sizes = [size_of(r) for r in threads]
+  if not all(isinstance(s, int) for s in sizes): raise OptError(f"{opt}: the block's thread counts must be constants")
+  local = UOp(Ops.DEFINE_LOCAL, reduction.dtype.ptr(math.prod(sizes), local=True),
+              arg=sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL))
+  written = UOp(Ops.INDEX, local.dtype, (local, simplify(_row_major(threads, sizes))))
+  met = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.STORE, dtypes.void, (written, partial))))
+  combine = UOp.range(opt.amount, fresh + 2, REDUCE)
+  read = UOp(Ops.INDEX, local.dtype, (met, simplify(_row_major(threads[:-1] + [combine], sizes))))
+  combined = UOp(Ops.REDUCE, reduction.dtype, (UOp(Ops.LOAD, reduction.dtype, (read,)), combine), reduction.arg)
+  store = _substitute_ranges(split.src[0], {partial: combined})
+  target_index = store.src[0]
+  gate = lane < 1 if len(target_index.src) == 2 else target_index.src[2] & (lane < 1)
+  store = store.replace(src=(target_index.replace(src=(*target_index.src[:2], gate)), store.src[1]))
+  loops = _replace(axes, target, [outer]) + [combine]
+  return renumber(split.replace(src=(store,)), loops + _placed_after_loops(all_ranges(split.replace(src=(store,)))))
+
+
+def is_block_barrier(node: UOp) -> bool:
+  """A GPU block's barrier (BARRIER(local, stores)), as opposed to a GROUP's meeting of CPU slices."""
+  return node.op is Ops.BARRIER and node.src[0].op is Ops.DEFINE_LOCAL
 
 
 # *** staging a load in a local buffer ***
@@ -260,7 +328,7 @@ def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   ast = _substitute_ranges(ast, {load: read})
   # the copy walks the source in memory order: the loop with the largest stride outermost
   copy_order = sorted(copies, key=lambda r: -(stride(load.src[0].src[1], r) or 0))
-  order = axes + [r for r in ranges if range_kind(r) in EXPANDED_KINDS + (STAGE,)] + [copies[r] for r in copy_order]
+  order = axes + _placed_after_loops(ranges) + [copies[r] for r in copy_order]
   return renumber(ast, order)
 
 
@@ -313,6 +381,15 @@ def _replace(order: list[UOp], target: UOp, replacement: list[UOp]) -> list[UOp]
 
 def _expanded(ranges: list[UOp]) -> list[UOp]:
   return [r for r in ranges if range_kind(r) in EXPANDED_KINDS]
+
+
+def _threads(ranges: list[UOp]) -> list[UOp]:
+  return [r for r in ranges if range_kind(r) == THREAD]
+
+
+def _placed_after_loops(ranges: list[UOp]) -> list[UOp]:
+  """The ranges that are not loops (threads, vector lanes, copies, staging), in their current order."""
+  return [r for r in ranges if range_kind(r) not in LOOP_KINDS]
 
 
 def _first_movable(ast: UOp, order: list[UOp], split: UOp) -> int:

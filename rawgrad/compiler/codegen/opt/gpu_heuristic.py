@@ -1,0 +1,76 @@
+"""The default opts of a kernel on a GPU, from its shape and the target's numbers.
+
+1. A reduction with few outputs and a long reduce loop is shared by the threads of a block (BLOCK_REDUCE): each
+   thread reduces a strided share (consecutive threads read consecutive elements) and the block combines them.
+2. Otherwise every output element is one thread: the output loop along which the store is contiguous is split into
+   the threads of a block (THREADS), topped up from the next loop out when it is short; the rest of the output loops
+   become the grid (codegen/gpu.py). Reduce loops run inside each thread.
+"""
+from __future__ import annotations
+
+import math
+
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps, size_of, stride
+from rawgrad.compiler.codegen.opt.planner import Planner, accesses, constant
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.target import Target
+
+WARPS_PER_BLOCK = 8          # a block of 8 warps: enough to hide memory latency, small enough to fit many per core
+SHARED_REDUCE_MIN = 256      # reduce loops at least this long are worth sharing by a block
+OUTPUTS_PER_WARP_FEW = 64    # fewer outputs than this per warp slot of the whole block count is "few"
+
+
+def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
+  """The opts for a kernel on a GPU."""
+  if not any(node.op is Ops.STORE for node in ast.src): return []
+  plan = Planner(ast)
+  if not plan.loops: return []
+  block = target.warp_size * WARPS_PER_BLOCK
+  if _share_reduction(plan, block): return plan.opts
+  _thread_outputs(plan, block)
+  return plan.opts
+
+
+def _power_of_two_at_least(size: int) -> int:
+  return 1 << max(0, (size - 1).bit_length())
+
+
+def _share_reduction(plan: Planner, block: int) -> bool:
+  """BLOCK_REDUCE a long reduce loop when there are too few outputs to keep a GPU busy with one thread each."""
+  reduces = [node for node in plan.ast.toposort if node.op is Ops.REDUCE]
+  if len(reduces) != 1 or not plan.reduce_loops: return False
+  outputs = math.prod(constant(size_of(r)) or block * OUTPUTS_PER_WARP_FEW for r in plan.output_loops)
+  if outputs >= block * OUTPUTS_PER_WARP_FEW: return False
+  loads = [a for a in accesses(plan.ast) if not a.is_store]
+  contiguous = [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)]
+  loop = (contiguous or plan.reduce_loops)[-1]
+  size = constant(size_of(loop))
+  if size is not None and size < SHARED_REDUCE_MIN: return False
+  threads = min(block, _power_of_two_at_least(size)) if size is not None else block
+  count = len(plan.opts)
+  plan.apply(OptOps.BLOCK_REDUCE, loop, threads)
+  return len(plan.opts) > count
+
+
+def _thread_outputs(plan: Planner, block: int) -> None:
+  """THREADS on the output loop the store is contiguous along (else the innermost), and on the next one out when
+  that leaves the block short; the outer loop is split first so that the contiguous one becomes thread x."""
+  store = next(a for a in accesses(plan.ast) if a.is_store)
+  outputs = [r for r in plan.output_loops if constant(size_of(r)) != 1]
+  if not outputs: return
+  contiguous = [r for r in outputs if stride(store.index, r) == 1]
+  inner = (contiguous or outputs)[-1]
+  inner_size = constant(size_of(inner))
+  inner_threads = min(block, _power_of_two_at_least(inner_size)) if inner_size is not None else block
+  others = [r for r in outputs if r is not inner]
+  outer_threads = 0
+  if inner_threads < block and others:
+    outer_size = constant(size_of(others[-1]))
+    outer_threads = min(block // inner_threads, _power_of_two_at_least(outer_size) if outer_size else block)
+  inner_position = plan.loops.index(inner)
+  if outer_threads > 1:
+    outer_position, loops_before = plan.loops.index(others[-1]), len(plan.loops)
+    plan.apply(OptOps.THREADS, others[-1], outer_threads)
+    # the outer loop may have been used up entirely, moving the inner one a place up
+    if len(plan.loops) < loops_before and outer_position < inner_position: inner_position -= 1
+  if inner_threads > 1: plan.apply(OptOps.THREADS, plan.loops[inner_position], inner_threads)

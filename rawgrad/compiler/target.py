@@ -1,0 +1,126 @@
+"""What a device is, for codegen: every number a heuristic or a renderer needs about the chip.
+
+Heuristics read these numbers and never assume a chip. The CPU target is built from the host (llvmlite's CPU name
+and features), optionally forced to another feature set with CPU_ISA=avx2|avx512|native; GPU targets come from the
+table below, keyed by architecture.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field, replace
+
+
+@dataclass(frozen=True)
+class Target:
+  kind: str                  # "cpu", "nv" or "amd"
+  arch: str                  # "x86_64", "aarch64", "sm_90", "gfx1100", ...
+  triple: str                # the LLVM target triple
+  cpu: str                   # the LLVM CPU name ("sapphirerapids", "sm_90", "gfx1100")
+  features: str = ""         # the LLVM feature string
+  vector_bytes: int = 16     # the widest vector one instruction computes (CPU) or one thread loads (GPU)
+  vector_registers: int = 16  # architectural vector registers (CPU); unused on GPUs
+  registers_per_thread: int = 255  # GPU registers a thread may use
+  l1_bytes: int = 32 << 10
+  l2_bytes: int = 1 << 20
+  shared_memory_bytes: int = 0     # per block (GPU shared memory / LDS); 0 on the CPU
+  warp_size: int = 1               # threads that run in lockstep (1 on the CPU)
+  max_threads_per_block: int = 1
+  max_grid: tuple[int, int, int] = (1, 1, 1)
+  kernarg_bytes: int = 1 << 16     # the most bytes of kernel arguments a launch can pass
+  native_math: frozenset[str] = field(default_factory=frozenset)  # unary ops the target computes itself
+
+  @property
+  def is_gpu(self) -> bool:
+    return self.kind in ("nv", "amd")
+
+  def __repr__(self) -> str:
+    return f"Target({self.kind}, {self.arch}, {self.cpu}{', ' + self.features if self.features else ''})"
+
+
+# *** GPUs ***
+
+_NV_COMMON = dict(kind="nv", triple="nvptx64-nvidia-cuda", vector_bytes=16, registers_per_thread=255, warp_size=32,
+                  max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096)
+_AMD_COMMON = dict(kind="amd", triple="amdgcn-amd-amdhsa", vector_bytes=16, registers_per_thread=256,
+                   max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096)
+
+GPU_TARGETS: dict[str, Target] = {
+  # PTX ISA 8.0 is the first to know sm_90; 7.x covers Ampere and Ada
+  "sm_90": Target(arch="sm_90", cpu="sm_90", features="+ptx80", l1_bytes=256 << 10, l2_bytes=50 << 20,
+                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+  "sm_89": Target(arch="sm_89", cpu="sm_89", features="+ptx78", l1_bytes=128 << 10, l2_bytes=72 << 20,
+                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+  "sm_80": Target(arch="sm_80", cpu="sm_80", features="+ptx70", l1_bytes=192 << 10, l2_bytes=40 << 20,
+                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+  # RDNA3 runs wave32; CDNA3 (MI300) runs wave64 and has 64 KiB of LDS per workgroup
+  "gfx1100": Target(arch="gfx1100", cpu="gfx1100", l1_bytes=32 << 10, l2_bytes=6 << 20, shared_memory_bytes=64 << 10,
+                    warp_size=32, **_AMD_COMMON),
+  "gfx942": Target(arch="gfx942", cpu="gfx942", l1_bytes=32 << 10, l2_bytes=4 << 20, shared_memory_bytes=64 << 10,
+                   warp_size=64, **_AMD_COMMON),
+}
+
+
+def gpu_target(arch: str) -> Target:
+  if arch not in GPU_TARGETS:
+    raise ValueError(f"unknown GPU architecture {arch!r}; known: {', '.join(sorted(GPU_TARGETS))}")
+  return GPU_TARGETS[arch]
+
+
+# *** the host CPU ***
+
+# x86 feature sets a machine can be forced to: what is switched off for each
+_AVX512 = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512vbmi2",
+           "avx512bitalg", "avx512vnni", "avx512vpopcntdq", "avx512bf16", "avx512fp16", "avx10.1-256", "avx10.1-512",
+           "avx10.1", "evex512", "amx-tile", "amx-int8", "amx-bf16")
+
+
+def _forced_features(features: dict[str, bool], isa: str) -> dict[str, bool]:
+  """The host's features limited to an instruction set (it can only be lowered, never raised)."""
+  if isa == "native": return features
+  if isa == "avx2":
+    if not features.get("avx2"): raise ValueError("CPU_ISA=avx2 needs a CPU with AVX2")
+    return {**features, **{name: False for name in _AVX512 if name in features or name.startswith("avx512")}}
+  if isa == "avx512":
+    if not features.get("avx512f"): raise ValueError("CPU_ISA=avx512 needs a CPU with AVX-512")
+    return features
+  raise ValueError(f"CPU_ISA must be native, avx2 or avx512, not {isa!r}")
+
+
+@functools.cache
+def host_target(isa: str | None = None) -> Target:
+  """The CPU this process runs on, limited to the instruction set `isa` (CPU_ISA by default: native, avx2, avx512)."""
+  import llvmlite.binding as llvm
+  isa = isa or os.environ.get("CPU_ISA", "native") or "native"
+  features = _forced_features(dict(llvm.get_host_cpu_features()), isa)
+  flattened = ",".join(("+" if on else "-") + name for name, on in sorted(features.items()))
+  machine = llvm.get_process_triple().split("-")[0]
+  if features.get("avx512f"): vector_bytes, registers = 64, 32
+  elif features.get("avx2") or features.get("avx"): vector_bytes, registers = 32, 16
+  elif machine == "aarch64": vector_bytes, registers = 16, 32
+  else: vector_bytes, registers = 16, 16
+  l1, l2 = _cache_sizes()
+  return Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
+                features=flattened, vector_bytes=vector_bytes, vector_registers=registers, l1_bytes=l1, l2_bytes=l2,
+                native_math=frozenset({"sqrt", "trunc"}))
+
+
+def _cache_sizes() -> tuple[int, int]:
+  """The L1 data and L2 cache sizes of cpu0 from sysfs (typical sizes where it says nothing)."""
+  sizes = {1: 32 << 10, 2: 1 << 20}
+  root = "/sys/devices/system/cpu/cpu0/cache"
+  try:
+    for entry in os.listdir(root):
+      with open(f"{root}/{entry}/level") as f: level = int(f.read())
+      with open(f"{root}/{entry}/type") as f: kind = f.read().strip()
+      with open(f"{root}/{entry}/size") as f: text = f.read().strip()
+      if level in sizes and kind in ("Data", "Unified"):
+        sizes[level] = int(text[:-1]) << (10 if text.endswith("K") else 20) if text[-1] in "KM" else int(text)
+  except (OSError, ValueError):
+    pass
+  return sizes[1], sizes[2]
+
+
+def with_features(target: Target, **changes: object) -> Target:
+  """A copy of the target with some numbers changed (tests and benchmarks)."""
+  return replace(target, **changes)
