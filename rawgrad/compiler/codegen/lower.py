@@ -31,7 +31,7 @@ class LoweredKernel:
   opts: tuple[Opt, ...]
   program: list[UOp]
   target: Target
-  parallel: bool = False          # CPU: the kernel splits its outermost loop into the `cores` slices it is launched with
+  parallel: bool = False          # CPU: the outermost loop is split into the `cores` slices of a launch
   parallel_size: int | None = None  # iterations of that loop (None: not known before the launch)
   global_size: tuple[UOp, ...] = ()  # GPU: blocks in the grid (x, y, z), index expressions of the variables
   local_size: tuple[UOp, ...] = ()   # GPU: threads in a block (x, y, z)
