@@ -8,9 +8,15 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from rawgrad.compiler.gradient import autograd_origin
 from rawgrad.compiler.ir import Ops, UOp, sint
+from rawgrad.compiler.rangeify import buffer_base, create_schedule
+from rawgrad.compiler.rewrite import substitute
 from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
+from rawgrad.engine.jit import refuse_host_read
+from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
 from rawgrad.helpers import PROFILE, all_same, prod, unique_id
+from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
 from rawgrad.tensor_ops.nn import NNOps
@@ -26,7 +32,6 @@ def _device_node(device: str) -> UOp:
 
 
 def _canonical_device(device: str | None) -> str:
-  from rawgrad.runtime.device import Device
   return Device.canonicalize(device)
 
 
@@ -176,7 +181,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def realize(self, *others: Tensor) -> Tensor:
     """Compute this tensor (and `others`, in the same schedule) into buffers."""
-    from rawgrad.runtime.realize import realize_tensors
     realize_tensors([self, *others])
     return self
 
@@ -198,8 +202,14 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
   def numpy(self) -> np.ndarray:
-    from rawgrad.runtime.realize import read_numpy
-    return read_numpy(self)
+    """A copy of the values on the host (waits for the device)."""
+    refuse_host_read("reading a tensor on the host (numpy/tolist/item)")
+    if any(not isinstance(s, int) for s in self.shape):
+      raise ValueError(f"cannot read a tensor with symbolic shape {self.shape} into numpy")
+    if buffer_base(self.uop) is None: self.realize()
+    values = buffer_for(buffer_base(self.uop)).numpy()
+    if self.dtype == dtypes.bfloat16: values = (values.astype(np.uint32) << 16).view(np.float32)
+    return values.reshape(self.shape)
 
   def tolist(self) -> Any:
     return self.numpy().tolist()
@@ -517,6 +527,43 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.matmul(other)
 
 
+# *** realizing ***
+
+def realize_tensors(tensors: list[Tensor]) -> None:
+  """Compute the given tensors into buffers; every live tensor that shared their graphs now reads the buffers."""
+  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
+  if not outputs: return
+  with KernelCompiler() as compiler:
+    # each kernel starts compiling as soon as it is built, while the scheduler builds the next
+    schedule = create_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
+    becomes_map = schedule.becomes_map
+    live = list(all_tensors)
+    # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is checked on its
+    # own, which costs nothing more; the others are walked together in one substitute, since they share most nodes.
+    walked = [tensor for tensor in live if "toposort" in tensor.uop.__dict__]
+    fresh = [tensor for tensor in live if "toposort" not in tensor.uop.__dict__]
+    kept: set[UOp] = set()
+    for tensor in walked:
+      if any(node in becomes_map for node in tensor.uop.toposort): tensor.uop = substitute(tensor.uop, becomes_map)
+      kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+    if fresh:
+      graph = substitute(UOp.sink(*(tensor.uop for tensor in fresh)), becomes_map)
+      for tensor, uop in zip(fresh, graph.src): tensor.uop = uop
+      kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
+    _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
+    plan_temporaries(schedule.items, kept)
+    run_schedule(schedule.items, compiler)
+
+
+def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:
+  """Realizing replaces a tensor's graph by its buffer; keep the graph for gradients that flow through it (as
+  PyTorch keeps its autograd graph), so `loss.item(); loss.backward()` works. Only for buffers tensors keep (a
+  temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
+  for node, view in becomes_map.items():
+    if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
+    if any(leaf in parameters or leaf in autograd_origin for leaf in node.toposort): autograd_origin[view] = node
+
+
 # *** helpers ***
 
 def _is_buffer_view(node: UOp) -> bool:
@@ -525,7 +572,6 @@ def _is_buffer_view(node: UOp) -> bool:
 
 
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
-  from rawgrad.runtime.device import buffer_for
   dtype = dtype or dtypes.from_numpy(array.dtype)
   # a copy, as torch.tensor makes: later writes to the user's array must not reach the tensor
   data = np.array(array, dtype=dtypes.to_numpy(dtype), order="C", copy=True)

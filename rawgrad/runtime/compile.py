@@ -13,6 +13,8 @@ from typing import Protocol
 import llvmlite
 import llvmlite.binding as llvm
 
+from rawgrad.compiler.target import Target, host_target
+
 
 class CompileError(Exception):
   """LLVM rejected the IR; the message has LLVM's error and the IR with line numbers."""
@@ -36,21 +38,24 @@ def _numbered(src: str) -> str:
 
 
 class LLVMCompiler:
-  """Compiles LLVM IR text to a relocatable ELF object at -O3, for the host CPU unless given another triple."""
+  """Compiles LLVM IR text to a relocatable ELF object at -O3 for a target (the host CPU by default; a triple string
+  names a foreign CPU, compiled for its baseline)."""
 
-  def __init__(self, triple: str | None = None) -> None:
+  def __init__(self, target: Target | str | None = None) -> None:
     _init_llvm()
-    host = triple is None or triple == llvm.get_process_triple()
-    self.triple = llvm.get_process_triple() if triple is None else triple
-    # the host's exact CPU and features so AVX2/AVX-512/NEON get used; a foreign triple gets its baseline
-    cpu, features = (llvm.get_host_cpu_name(), llvm.get_host_cpu_features().flatten()) if host else ("generic", "")
+    if target is None or isinstance(target, str) and target == llvm.get_process_triple(): target = host_target()
+    if isinstance(target, str): target = Target(kind="cpu", arch=target.split("-")[0], triple=target, cpu="generic")
+    self.target = target
+    self.triple = target.triple
+    # the host's exact CPU and features so AVX2/AVX-512/NEON get used (or the ones CPU_ISA forces)
+    cpu, features = target.cpu, target.features
     # PIC with the small code model: our loader puts everything in one image far smaller than 2GB, so references
     # inside it are PC-relative 32-bit fields (PC32/PLT32, ADRP+ADD) that work wherever mmap puts the image. Only
     # external symbols can be far away; calls to them are PLT32/CALL26 that the loader sends through its own stubs,
     # data through GOT slots. 'static' would emit absolute R_X86_64_32S, which need an image in the low 2GB, and
     # 'large' would turn every address into a 64-bit immediate.
-    target = llvm.Target.from_triple(self.triple)
-    self._tm = target.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="small")
+    machine = llvm.Target.from_triple(self.triple)
+    self._tm = machine.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="small")
     llvm_version = ".".join(map(str, llvm.llvm_version_info))
     self.cache_key = "|".join(("LLVMCompiler(O3,pic,small)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version}",
                                self.triple, cpu, features))

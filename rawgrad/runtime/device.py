@@ -1,4 +1,4 @@
-"""Devices, buffers and allocators."""
+"""The device registry, buffers of device memory and their allocators."""
 from __future__ import annotations
 
 import importlib
@@ -11,73 +11,57 @@ import numpy as np
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
 from rawgrad.helpers import GlobalCounters, getenv
+from rawgrad.runtime.hcq import DeviceMemory
 
 
 class Allocator:
-  """Allocates device memory; freed allocations are kept by size and handed out again (most recent first), so a
-  training loop stops asking the device for memory after its first step."""
+  """Allocates device memory as DeviceMemory; freed allocations are kept by size and handed out again (most recent
+  first), so a training loop stops asking the device for memory after its first step. Reusing memory is safe without
+  waiting: the device runs its submissions in order. Memory really given back waits for the device first."""
 
   def __init__(self, cache_limit_bytes: int = 1 << 30):
-    self.cache: dict[int, list[Any]] = defaultdict(list)
+    self.cache: dict[int, list[DeviceMemory]] = defaultdict(list)
     self.cached_bytes, self.cache_limit_bytes = 0, cache_limit_bytes
+    self.device: Any = None  # the HCQDevice, set when it is made
 
-  def alloc(self, nbytes: int) -> Any:
+  def alloc(self, nbytes: int) -> DeviceMemory:
     if self.cache[nbytes]:
       self.cached_bytes -= nbytes
       return self.cache[nbytes].pop()
     return self._alloc(nbytes)
 
-  def free(self, raw: Any, nbytes: int) -> None:
+  def free(self, memory: DeviceMemory, nbytes: int) -> None:
     if self.cached_bytes + nbytes > self.cache_limit_bytes:
-      self._free(raw, nbytes)
+      self._release(memory, nbytes)
       return
     self.cached_bytes += nbytes
-    self.cache[nbytes].append(raw)
+    self.cache[nbytes].append(memory)
 
   def clear_cache(self) -> None:
-    for nbytes, raws in self.cache.items():
-      for raw in raws: self._free(raw, nbytes)
+    for nbytes, memories in self.cache.items():
+      for memory in memories: self._release(memory, nbytes)
     self.cache.clear()
     self.cached_bytes = 0
 
+  def _release(self, memory: DeviceMemory, nbytes: int) -> None:
+    if self.device is not None: self.device.synchronize()
+    self._free(memory, nbytes)
+
   # device-specific
-  def _alloc(self, nbytes: int) -> Any:
+  def _alloc(self, nbytes: int) -> DeviceMemory:
     raise NotImplementedError
 
-  def _free(self, raw: Any, nbytes: int) -> None:
+  def _free(self, memory: DeviceMemory, nbytes: int) -> None:
     raise NotImplementedError
-
-  def address(self, raw: Any) -> int:
-    raise NotImplementedError
-
-  def copyin(self, raw: Any, data: memoryview) -> None:
-    raise NotImplementedError
-
-  def copyout(self, dest: memoryview, raw: Any) -> None:
-    raise NotImplementedError
-
-  def view(self, raw: Any, offset: int, nbytes: int) -> Any:
-    """The `nbytes` at byte `offset` of an allocation, usable wherever an allocation is."""
-    raise NotImplementedError
-
-
-class Compiled:
-  """A device: its allocator, its compiler and how to load a compiled program."""
-
-  def __init__(self, name: str, allocator: Allocator, compiler: Any, program_class: Any, renderer: Any):
-    self.name, self.allocator, self.compiler, self.program_class, self.renderer = name, allocator, compiler, \
-      program_class, renderer
-
-  def synchronize(self) -> None:
-    """Wait for all submitted work; devices that run synchronously have nothing to wait for."""
 
 
 class _DeviceRegistry:
-  """`Device["CPU"]` opens a device by name (case-insensitive); `Device.DEFAULT` is the default device."""
-  _drivers = {"CPU": "rawgrad.drivers.cpu"}
+  """`Device["CPU"]` opens a device by name (case-insensitive; `NAME:n` is the n-th device of a driver);
+  `Device.DEFAULT` is the default device (DEVICE in the environment, else CPU)."""
+  _drivers = {"CPU": "rawgrad.drivers.cpu", "SIM": "rawgrad.drivers.sim"}
 
   def __init__(self) -> None:
-    self._opened: dict[str, Compiled] = {}
+    self._opened: dict[str, Any] = {}
 
   @property
   def DEFAULT(self) -> str:
@@ -85,17 +69,23 @@ class _DeviceRegistry:
 
   def canonicalize(self, name: str | None) -> str:
     if name is None: return self.DEFAULT
+    if not isinstance(name, str): raise TypeError(f"a device name is a string like 'CPU', not {name!r}")
     base = name.split(":")[0].upper()
     if base not in self._drivers:
       raise ValueError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
     return base + name[len(base):]
 
-  def __getitem__(self, name: str) -> Compiled:
+  def __getitem__(self, name: str) -> Any:
     name = self.canonicalize(name)
     if name not in self._opened:
       module = importlib.import_module(self._drivers[name.split(":")[0]])
-      self._opened[name] = module.open_device(name)
+      device = module.open_device(name)
+      device.allocator.device = device
+      self._opened[name] = device
     return self._opened[name]
+
+  def opened(self) -> list[Any]:
+    return list(self._opened.values())
 
 
 Device = _DeviceRegistry()
@@ -111,8 +101,7 @@ class Buffer:
       raise ValueError(f"a view of {size * dtype.itemsize} bytes at offset {offset} does not fit in "
                        f"{base.nbytes} bytes")
     self.device, self.size, self.dtype, self.base, self.offset = device, size, dtype, base, offset
-    self._raw: Any = None
-    self._address: int | None = None
+    self._raw: DeviceMemory | None = None
     self._initial: np.ndarray | None = None
 
   @property
@@ -122,6 +111,10 @@ class Buffer:
   @property
   def allocator(self) -> Allocator:
     return Device[self.device].allocator
+
+  @property
+  def hcq(self) -> Any:
+    return Device[self.device]
 
   @property
   def is_allocated(self) -> bool:
@@ -135,7 +128,7 @@ class Buffer:
 
   def ensure_allocated(self) -> Buffer:
     if self._raw is None:
-      if self.base is not None: self._raw = self.allocator.view(self.base.raw, self.offset, self.nbytes)
+      if self.base is not None: self._raw = self.base.raw.view(self.offset, self.nbytes)
       else:
         self._raw = self.allocator.alloc(max(self.nbytes, 1))
         GlobalCounters.track_memory(max(self.nbytes, 1))
@@ -145,24 +138,23 @@ class Buffer:
     return self
 
   @property
-  def raw(self) -> Any:
+  def raw(self) -> DeviceMemory:
     return self.ensure_allocated()._raw
 
   @property
   def address(self) -> int:
-    # cached: asking numpy for an array's address costs microseconds, and every launch asks
-    if self._address is None: self._address = self.allocator.address(self.raw)
-    return self._address
+    """The buffer's device address."""
+    return self.raw.address
 
   def copyin(self, data: memoryview) -> None:
     if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")
-    self.allocator.copyin(self.raw, data)
+    self.hcq.copyin(self.raw, data)
 
   def numpy(self) -> np.ndarray:
     """A copy of the contents as a flat numpy array."""
     if self._raw is None and self._initial is not None: return self._initial.reshape(-1).copy()
     out = np.empty(self.size, dtype=dtypes.to_numpy(self.dtype))
-    if self.size: self.allocator.copyout(memoryview(out.view(np.uint8)), self.raw)
+    if self.size: self.hcq.copyout(memoryview(out.view(np.uint8)), self.raw)
     return out
 
   def __del__(self) -> None:

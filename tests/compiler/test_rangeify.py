@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
 from rawgrad.compiler.symbolic import evaluate
-from rawgrad.runtime.realize import GlobalCounters, realize_tensors
+from rawgrad.helpers import GlobalCounters
+from rawgrad.tensor import realize_tensors
 from rawgrad.tensor import Tensor
 
 N = 6

@@ -10,7 +10,8 @@ import pytest
 from rawgrad import jit
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.nn.optim import LAMB, SGD, Adam, AdamW, Optimizer
-from rawgrad.runtime import realize as realize_module
+from rawgrad import tensor as tensor_module
+from rawgrad.engine import realize as realize_module
 from rawgrad.tensor import Tensor
 
 STEPS = 5
@@ -167,12 +168,12 @@ def test_step_is_one_schedule_and_compiles_once() -> None:
   w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
   optimizer = SGD([w, b], lr=0.1, momentum=0.9)
   calls = []
-  original = realize_module.realize_tensors
+  original = tensor_module.realize_tensors
 
   def counting(tensors: list) -> None:
     calls.append(len(tensors))
     original(tensors)
-  realize_module.realize_tensors = counting
+  tensor_module.realize_tensors = counting
   try:
     for _ in range(3):
       optimizer.zero_grad()
@@ -181,7 +182,7 @@ def test_step_is_one_schedule_and_compiles_once() -> None:
       Tensor.realize(loss, *optimizer.schedule_step())
       if len(calls) == 2: compiled = len(realize_module._runners)
   finally:
-    realize_module.realize_tensors = original
+    tensor_module.realize_tensors = original
   assert len(calls) == 3, f"expected one realize per step, got {calls}"
   assert len(realize_module._runners) == compiled, "later steps compiled new kernels"
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from rawgrad.compiler.rangeify import create_schedule  # noqa: E402
 from rawgrad.helpers import GlobalCounters, getenv  # noqa: E402
-from rawgrad.runtime.realize import run_schedule  # noqa: E402
+from rawgrad.engine.realize import run_schedule  # noqa: E402
 
 BENCH_SECONDS = getenv("BENCH_SECONDS", 2.0)
 BLOCK_SECONDS = 0.3     # one function's turn

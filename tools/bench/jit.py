@@ -8,7 +8,7 @@ import numpy as np
 from rawgrad import Tensor, jit
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.runtime.device import buffer_for
-from rawgrad.runtime.realize import get_runner
+from rawgrad.engine.realize import get_runner
 
 KERNELS = 64
 

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 
 from rawgrad.drivers.cpu import CPUProgram  # noqa: E402
 from rawgrad.runtime.compile import LLVMCompiler  # noqa: E402
-from rawgrad.runtime.native import CommandBuffer, NativeRuntime, Signal, kernel_args  # noqa: E402
+from rawgrad.drivers.cpu.native import CommandBuffer, NativeRuntime, Signal, kernel_args  # noqa: E402
 
 VECTOR_ADD = r"""
 define void @vector_add(ptr %args, i64 %core, i64 %cores) {

@@ -6,6 +6,7 @@ import re
 import struct
 
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.target import Target
 from rawgrad.dtype import DType, PtrDType, dtypes
 
 _LLVM_TYPES = {"bool": "i1", "int8": "i8", "uint8": "i8", "int16": "i16", "uint16": "i16", "int32": "i32",
@@ -50,13 +51,17 @@ CORES = UOp(Ops.SPECIAL, dtypes.index, arg="cores")
 
 
 class LLVMRenderer:
-  """program (from codegen.linearize) -> LLVM IR module text with one function `name`."""
+  """program (from codegen.linearize) -> LLVM IR module text with one function `name`, for the CPU."""
+
+  def __init__(self, target: Target | None = None):
+    self.target = target
 
   def render(self, name: str, program: list[UOp]) -> str:
-    return _FunctionWriter(_symbol(name), program).write()
+    return _FunctionWriter(kernel_symbol(name), program).write()
 
 
-def _symbol(name: str) -> str:
+def kernel_symbol(name: str) -> str:
+  """The kernel's name as a symbol of the object file."""
   return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
@@ -91,7 +96,7 @@ class _FunctionWriter:
     params = sorted(dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
     variables = sorted({u for u in self.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
     for param in params: self.names[param] = f"%data{param.arg}"
-    for variable in variables: self.names[variable] = f"%var_{_symbol(variable.arg[0])}"
+    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
     self.names.update({CORE: "%core", CORES: "%cores"})
     globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)

@@ -10,12 +10,12 @@ from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.kernel import Opt
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import ScheduleItem, create_schedule
-from rawgrad.compiler.render.llvmir import LLVMRenderer, _symbol
+from rawgrad.compiler.render.llvmir import LLVMRenderer, kernel_symbol
 from rawgrad.compiler.spec import verify_program
 from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
 from rawgrad.runtime.device import buffer_for
-from rawgrad.runtime.realize import run_schedule
+from rawgrad.engine.realize import run_schedule
 from rawgrad.tensor import Tensor
 
 _compiler: LLVMCompiler | None = None
@@ -27,7 +27,7 @@ def compiled(item: ScheduleItem, opts: list[Opt] | None) -> tuple[CPUProgram, li
   lowered = lower_kernel(item.ast, opts)
   verify_program(item.ast.arg, lowered.program)
   source = LLVMRenderer().render(item.ast.arg, lowered.program)
-  return CPUProgram(_symbol(item.ast.arg), compile_cached(_compiler, source)), lowered.program
+  return CPUProgram(kernel_symbol(item.ast.arg), compile_cached(_compiler, source)), lowered.program
 
 
 def last_kernel(tensor: Tensor) -> ScheduleItem:

@@ -10,7 +10,7 @@ import pytest
 from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
 from rawgrad.compiler.codegen.opt.kernel import PARALLEL, REDUCE, Opt, OptError, OptOps, all_ranges, apply_opts
-from rawgrad.compiler.codegen.opt.search import actions
+from rawgrad.engine.search import actions
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import ScheduleItem, create_schedule
 from rawgrad.compiler.spec import SpecError, verify_program

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rawgrad.compiler.codegen.opt.kernel import OptError, apply_opt
-from rawgrad.compiler.codegen.opt.search import actions
+from rawgrad.engine.search import actions
 from rawgrad.tensor import Tensor
 
 from conftest import last_kernel, run_item

@@ -65,7 +65,7 @@ from typing import Any, Callable, Union
 
 import numpy as np
 
-from rawgrad.drivers.cpu import CPUProgram
+from rawgrad.drivers.cpu.program import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
 from rawgrad.runtime.elf import load_elf
 
@@ -891,8 +891,13 @@ class Signal:
 
   def set(self, value: int) -> None:
     """Stores value (and the time) like a SIGNAL command, waking any WAIT sleeping on this signal."""
-    code = _native_code()
-    code.store_signal(self.address, _word(value, "signal value"), code.signal_sleepers_address)
+    native_store_signal(self.address, value)
+
+
+def native_store_signal(address: int, value: int) -> None:
+  """Store a signal's value (and the time) at `address` like a SIGNAL command, waking any WAIT sleeping on it."""
+  code = _native_code()
+  code.store_signal(address, _word(value, "signal value"), code.signal_sleepers_address)
 
   def __repr__(self) -> str:
     return f"Signal({self.name!r}, value={self.value}, address={self.address:#x})"
@@ -940,7 +945,7 @@ class CommandBuffer:
       self._words, self._array = [int(w) for w in self._array], None
     position = len(self._words)
     self._words += [op.value, *operands]
-    self._keep += [obj for obj in keep if not isinstance(obj, int)]
+    self._keep += [obj for obj in keep if obj is not None and not isinstance(obj, int)]
     return position
 
   def exec(self, kernel: Addressable, args: Addressable, cores: int = 1) -> int:
@@ -951,13 +956,14 @@ class CommandBuffer:
       raise ValueError("kernel address is null")
     return self._append(Op.EXEC, kernel_address, _address(args, "kernel args"), cores, keep=(kernel, args))
 
-  def signal(self, signal: Signal | int, value: int) -> int:
+  def signal(self, signal: Signal | int, value: int, keep: Any = None) -> int:
+    """`keep`: an object that must live as long as the buffer (what owns the signal's memory)."""
     address = _aligned(_address(signal, "signal"), "signal")
-    return self._append(Op.SIGNAL, address, _word(value, "signal value"), keep=(signal,))
+    return self._append(Op.SIGNAL, address, _word(value, "signal value"), keep=(signal, keep))
 
-  def wait(self, signal: Signal | int, value: int) -> int:
+  def wait(self, signal: Signal | int, value: int, keep: Any = None) -> int:
     address = _aligned(_address(signal, "signal"), "signal")
-    return self._append(Op.WAIT, address, _word(value, "wait value"), keep=(signal,))
+    return self._append(Op.WAIT, address, _word(value, "wait value"), keep=(signal, keep))
 
   def timestamp(self, dest: Addressable) -> int:
     return self._append(Op.TIMESTAMP, _aligned(_address(dest, "timestamp"), "timestamp"), keep=(dest,))
@@ -1147,9 +1153,10 @@ class NativeRuntime:
 
   # ** waiting
 
-  def wait_signal(self, signal: Signal, value: int, timeout_s: float = 10.0) -> None:
-    """Returns once signal >= value; raises TimeoutError after timeout_s, RuntimeError on a recorded fault."""
-    if int(signal._memory[0]) < value:
+  def wait_signal(self, signal: Any, value: int, timeout_s: float = 10.0) -> None:
+    """Returns once signal >= value (a Signal, or anything with .value, .address and .name); raises TimeoutError
+    after timeout_s, RuntimeError on a recorded fault."""
+    if signal.value < value:
       deadline = time.perf_counter() + timeout_s
       # native waits in slices, so Ctrl-C still gets through between them
       while (status := self._state.code.host_wait(self._control_address, signal.address, value, HOST_SPIN_NS,

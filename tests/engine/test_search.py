@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from rawgrad.compiler.codegen.opt import search
+from rawgrad.engine import search
 from rawgrad.compiler.codegen.opt.kernel import OptError, apply_opt
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.helpers import Context

@@ -16,7 +16,7 @@ import pytest
 from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler
 from rawgrad.runtime.elf import load_elf, relocate
-from rawgrad.runtime.native import (
+from rawgrad.drivers.cpu.native import (
   RING_ENTRIES, CommandBuffer, NativeRuntime, Op, Signal, aligned_words, default_threads, kernel_args, native_source,
 )
 
@@ -534,7 +534,7 @@ def test_interpreter_exits_with_a_busy_runtime(tmp_path: os.PathLike) -> None:
   """Threads stuck in a WAIT, sleeping or spinning must not keep the process alive: exit stops and joins them."""
   script = """
 import numpy as np
-from rawgrad.runtime.native import CommandBuffer, NativeRuntime, Signal
+from rawgrad.drivers.cpu.native import CommandBuffer, NativeRuntime, Signal
 idle, busy = NativeRuntime(threads=2), NativeRuntime(threads=2, spin_us=1e6)
 commands = CommandBuffer()
 commands.wait(Signal(), 1)

@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-import rawgrad.runtime.realize as realize
+import rawgrad.engine.realize as realize
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.runtime.compile import CompileError

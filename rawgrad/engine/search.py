@@ -26,7 +26,10 @@ from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
 from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
+from rawgrad.engine.runner import build_runner
 from rawgrad.helpers import DEBUG, ContextVar, getenv
+from rawgrad.runtime.compile import cache_path
+from rawgrad.runtime.device import Buffer, Device
 
 BEAM = ContextVar("BEAM", 0)               # beam width; 0: the heuristics choose the opts
 
@@ -67,7 +70,6 @@ class _Timer:
   """Compiles candidates for a device and times them on scratch buffers shaped like the kernel's parameters."""
 
   def __init__(self, ast: UOp, device: str, var_values: dict[UOp, int]):
-    from rawgrad.runtime.device import Device
     self.ast, self.device, self.var_values = ast, device, var_values
     self.compiled = Device[device]
     parameters = sorted({node for node in ast.toposort if node.op is Ops.DEFINE_GLOBAL}, key=lambda node: node.arg)
@@ -77,13 +79,13 @@ class _Timer:
   def time(self, opts: tuple[Opt, ...], best: float) -> float:
     """The candidate's fastest run in seconds (inf when it does not compile, is far too slow, or is wrong)."""
     try:
-      runner = self.runner(lower_kernel(self.ast, opts))
+      runner = self.runner(lower_kernel(self.ast, opts, self.compiled.target))
     except Exception as error:  # noqa: BLE001 - a candidate the compiler rejects is simply not a candidate
       if DEBUG >= 4: print(f"BEAM: {list(opts)} does not compile: {error}")
       return math.inf
     seconds = math.inf
     for run in range(RUNS):
-      start_ns, end_ns = runner(self.buffers, self.var_values)
+      start_ns, end_ns = runner(self.buffers, self.var_values, timed=True)
       seconds = min(seconds, (end_ns - start_ns) / 1e9)
       if run == 0 and seconds > SLOWER_FACTOR * best: return seconds
     output = self.buffers[0].numpy()
@@ -95,18 +97,10 @@ class _Timer:
     return seconds
 
   def runner(self, lowered: LoweredKernel) -> Any:
-    from rawgrad.compiler.render.llvmir import _symbol
-    from rawgrad.runtime.realize import CompiledRunner
-    source = self.compiled.renderer.render(self.ast.arg, lowered.program)
-    program = self.compiled.program_class(_symbol(self.ast.arg), self.compiled.compiler.compile(source))
-    variables = tuple(sorted({u for u in lowered.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0]))
-    slots = tuple(sorted({u.arg for u in lowered.program if u.op is Ops.DEFINE_GLOBAL}))
-    return CompiledRunner(self.ast.arg, self.device, lowered.program, source, program, slots, variables,
-                          lowered.parallel, lowered.slices(getattr(self.compiled, "cores", 1)))
+    return build_runner(self.device, self.ast, lowered)
 
 
 def _scratch_buffer(device: str, node: UOp, seed: int) -> Any:
-  from rawgrad.runtime.device import Buffer
   dtype, size = node.dtype.base, node.dtype.size
   buffer = Buffer(device, size, dtype)
   rng = np.random.default_rng(seed)
@@ -129,7 +123,7 @@ def beam_search(ast: UOp, device: str, width: int, var_values: dict[UOp, int] | 
   if (cached := _cache_get(key)) is not None: return cached
   started = time.perf_counter()
   timer = _Timer(ast, device, var_values or {})
-  heuristic = tuple(hand_coded_opts(ast))
+  heuristic = tuple(hand_coded_opts(ast, Device[device].target))
   best = Candidate(heuristic, ast, timer.time(heuristic, math.inf))
   beam = [Candidate((), ast, timer.time((), best.seconds))]
   seen: set[UOp] = {candidate.ast for candidate in beam}
@@ -163,13 +157,11 @@ def beam_search(ast: UOp, device: str, width: int, var_values: dict[UOp, int] | 
 # *** the disk cache of winners, next to the compile cache ***
 
 def _cache_file() -> Path | None:
-  from rawgrad.runtime.compile import cache_path
   path = cache_path()
   return None if path is None else path.parent / "beam_cache.db"
 
 
 def _cache_key(ast: UOp, device: str, width: int) -> str:
-  from rawgrad.runtime.device import Device
   compiler = getattr(Device[device], "compiler", None)
   parts = (repr(ast), device, str(width), getattr(compiler, "cache_key", ""), "search v1")
   return hashlib.sha256("\0".join(parts).encode()).hexdigest()

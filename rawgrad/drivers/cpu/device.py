@@ -1,0 +1,103 @@
+"""The CPU as an HCQ device: host memory is its memory, queues become native command buffers, run by the native
+command processor and its worker pool (native.py) with no Python between commands."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from rawgrad.compiler.render.llvmir import LLVMRenderer
+from rawgrad.compiler.target import host_target
+from rawgrad.drivers.cpu.native import CommandBuffer, NativeRuntime, aligned_words, native_store_signal
+from rawgrad.drivers.cpu.program import CPUKernel
+from rawgrad.runtime.compile import LLVMCompiler
+from rawgrad.runtime.device import Allocator
+from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
+
+ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
+
+
+def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
+  """Host memory from numpy, aligned; the device address is the host address."""
+  backing = np.empty(nbytes + alignment, dtype=np.uint8)
+  offset = (-backing.ctypes.data) % alignment
+  view = backing[offset:offset + nbytes]
+  return DeviceMemory(view.ctypes.data, nbytes, view, backing)
+
+
+class CPUAllocator(Allocator):
+  def _alloc(self, nbytes: int) -> DeviceMemory:
+    return host_allocation(nbytes)
+
+  def _free(self, memory: DeviceMemory, nbytes: int) -> None:
+    del memory  # numpy owns the memory
+
+
+class CPUDevice(HCQDevice):
+  """Both engines feed the one native command processor, which runs its buffers in order."""
+  shared_engines = True
+
+  def __init__(self, name: str):
+    target = host_target()
+    super().__init__(name, target, CPUAllocator(), LLVMCompiler(target), LLVMRenderer(target), CPUKernel)
+    self._runtime: NativeRuntime | None = None
+
+  @property
+  def runtime(self) -> NativeRuntime:
+    if self._runtime is None: self._runtime = NativeRuntime()
+    return self._runtime
+
+  @property
+  def cores(self) -> int:
+    return self.runtime.threads
+
+  def host_memory(self, nbytes: int) -> DeviceMemory:
+    return host_allocation(nbytes)
+
+  def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
+    words = aligned_words(ALIGNMENT // 8)  # a cache line to itself
+    words[0] = value
+    return HCQSignal(self, words[:SIGNAL_BYTES // 8], words.ctypes.data, name)
+
+  def encode(self, queue: HWQueue, engine: str) -> CommandBuffer:
+    commands = CommandBuffer()
+    for command in queue.commands:
+      operands = command.operands
+      if command.kind == "exec":
+        program, kernargs, global_size, _ = operands
+        commands.exec(program, kernargs, global_size[0])
+      elif command.kind == "copy": commands.copy(*operands)
+      elif command.kind == "signal": commands.signal(operands[0].address, operands[1], keep=operands[0])
+      elif command.kind == "wait": commands.wait(operands[0].address, operands[1], keep=operands[0])
+      elif command.kind == "timestamp": commands.timestamp(operands[0])
+      elif command.kind != "memory_barrier":  # one in-order processor: every write is visible to what follows
+        raise ValueError(f"the CPU queue has no command {command.kind!r}")
+    return commands
+
+  def _submit(self, encoded: CommandBuffer, engine: str) -> None:
+    self.runtime.submit(encoded)
+
+  def set_signal(self, signal: HCQSignal, value: int) -> None:
+    native_store_signal(signal.address, value)
+
+  def wait_signal(self, signal: HCQSignal, value: int, timeout_s: float) -> None:
+    if signal.value >= value and self._runtime is None: return
+    try:
+      self.runtime.wait_signal(signal, value, timeout_s)
+    except RuntimeError as error:
+      if isinstance(error, TimeoutError): raise
+      raise DeviceFault(str(error)) from None
+
+  def check_faults(self) -> None:
+    if self._runtime is None: return
+    try:
+      self._runtime.check_faults()
+    except RuntimeError as error:
+      raise DeviceFault(str(error)) from None
+
+  def describe_state(self) -> str:
+    return f"; {self.runtime}" if self._runtime is not None else ""
+
+
+def open_device(name: str) -> Any:
+  return CPUDevice(name)

@@ -1,0 +1,82 @@
+"""A compiled kernel ready to launch on its device (a runner), the one path from a lowered kernel to one, and copies
+between buffers."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost
+from rawgrad.compiler.codegen.lower import LoweredKernel
+from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.render.llvmir import kernel_symbol
+from rawgrad.compiler.symbolic import evaluate
+from rawgrad.runtime.compile import compile_cached
+from rawgrad.runtime.device import Buffer, Device
+from rawgrad.runtime.hcq import COPY, HWQueue
+from rawgrad.runtime.interpreter import kernel_parameters
+
+
+@dataclass
+class CompiledRunner:
+  """A kernel ready to run on one device: its lowered program, its source and the loaded program."""
+  name: str
+  device: str
+  lowered: LoweredKernel
+  source: str
+  kernel: Any                     # the device's program_class instance
+  buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
+  variables: tuple[UOp, ...]
+  cores: int = 1                  # CPU: slices of the parallel loop a launch runs
+  costs: dict = field(default_factory=dict)
+
+  @property
+  def program(self) -> list[UOp]:
+    return self.lowered.program
+
+  def cost(self, var_values: dict[UOp, int]) -> KernelCost:
+    """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
+    time would put the whole program on the launch path)."""
+    key = tuple(sorted((v.arg[0], value) for v, value in var_values.items()))
+    if key not in self.costs: self.costs[key] = estimate_cost(self.program, var_values)
+    return self.costs[key]
+
+  def args(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> list[int]:
+    """The argument block's 8-byte slots: the addresses of the buffers the program uses, then variable values."""
+    return [buffers[i].address for i in self.buffer_slots] + [var_values[v] for v in self.variables]
+
+  def launch_dims(self, var_values: dict[UOp, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+    """Blocks and threads per block (CPU: slices of the parallel loop, one thread)."""
+    if not self.lowered.target.is_gpu: return (self.cores, 1, 1), (1, 1, 1)
+    values = {v: var_values[v] for v in self.variables}
+    size = lambda exprs: tuple(int(evaluate(e, values)) for e in exprs)  # noqa: E731
+    return size(self.lowered.global_size), size(self.lowered.local_size)  # type: ignore[return-value]
+
+  def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int], timed: bool = False) -> tuple[int, int] | None:
+    """Launch on the device's compute engine; with `timed`, wait and return the device's start and end times (ns)."""
+    global_size, local_size = self.launch_dims(var_values)
+    return Device[self.device].launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
+
+
+def build_runner(device: str, ast: UOp, lowered: LoweredKernel, lib: bytes | None = None) -> CompiledRunner:
+  """Render, compile (through the disk cache) and load a lowered kernel: the one path every kernel takes."""
+  compiled = Device[device]
+  source = compiled.renderer.render(ast.arg, lowered.program)
+  if lib is None: lib = compile_cached(compiled.compiler, source)
+  params, variables = kernel_parameters(lowered.program)
+  kernel = compiled.program_class(compiled, kernel_symbol(ast.arg), lib)
+  cores = lowered.slices(getattr(compiled, "cores", 1))
+  return CompiledRunner(ast.arg, device, lowered, source, kernel, tuple(p.arg for p in params), tuple(variables),
+                        cores)
+
+
+def copy_buffer(dest: Buffer, src: Buffer) -> None:
+  """Copy a buffer's bytes: on the device's copy engine within a device, through the host between devices."""
+  if dest.nbytes != src.nbytes: raise ValueError(f"copy of a {src.nbytes}-byte buffer into a {dest.nbytes}-byte one")
+  if dest.device == src.device:
+    Device[dest.device].submit(HWQueue().copy(dest.address, src.address, src.nbytes), COPY)
+    return
+  staging = np.empty(src.nbytes, np.uint8)
+  Device[src.device].copyout(memoryview(staging), src.raw)
+  dest.copyin(memoryview(staging))
