@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install test lint bench demo
+.PHONY: install test lint bench demo autogen
 
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
@@ -17,3 +17,8 @@ bench: install
 demo:
 	$(PYTHON) -m pip install -q -e '.[demo]'
 	$(PYTHON) tools/demo.py
+
+# Regenerates rawgrad/autogen/ from the real C headers; see the top of tools/autogen.py for where they come from.
+autogen:
+	$(PYTHON) -m pip install -q -e '.[autogen]'
+	$(PYTHON) tools/autogen.py nv
