@@ -58,7 +58,8 @@ class Allocator:
 class _DeviceRegistry:
   """`Device["CPU"]` opens a device by name (case-insensitive; `NAME:n` is the n-th device of a driver);
   `Device.DEFAULT` is the default device (DEVICE in the environment, else CPU)."""
-  _drivers = {"CPU": "rawgrad.drivers.cpu", "SIM": "rawgrad.drivers.sim"}
+  _drivers = {"CPU": "rawgrad.drivers.cpu", "SIM": "rawgrad.drivers.sim", "NV": "rawgrad.drivers.nv",
+              "AMD": "rawgrad.drivers.amd"}
 
   def __init__(self) -> None:
     self._opened: dict[str, Any] = {}
