@@ -1,11 +1,17 @@
-"""LLVM IR text -> relocatable ELF object via llvmlite, and an on-disk cache of compiled objects shared by processes."""
+"""Compilers: LLVM IR text -> a relocatable ELF object (CPU, AMD GPU code objects) or PTX -> cubin (NVIDIA, through
+ptxas); and an on-disk cache of compiled objects shared by processes, keyed by each compiler's target."""
 from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import os
+import shutil
 import sqlite3
+import struct
+import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -13,6 +19,7 @@ from typing import Protocol
 import llvmlite
 import llvmlite.binding as llvm
 
+from rawgrad.compiler.program_text import program_from_comments
 from rawgrad.compiler.target import Target, host_target
 
 
@@ -79,6 +86,105 @@ class LLVMCompiler:
     pb = llvm.create_pass_builder(self._tm, pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
+
+
+# *** NVIDIA: PTX and cubins
+
+class PTXCompiler:
+  """LLVM IR -> PTX (llvmlite's NVPTX backend) -> cubin (ptxas, from the CUDA toolkit or the nvidia-cuda-nvcc wheel).
+  With embed_program, the cubin is followed by the kernel's linear program (see append_program): the emulated GPU
+  runs that, since it cannot run the cubin's machine code."""
+
+  def __init__(self, target: Target, embed_program: bool = False) -> None:
+    _init_llvm()
+    self.target, self.embed_program = target, embed_program
+    machine = llvm.Target.from_triple(target.triple)
+    self._tm = machine.create_target_machine(cpu=target.cpu, features=target.features, opt=3)
+    llvm_version = ".".join(map(str, llvm.llvm_version_info))
+    # a different assembler makes a different cubin
+    self.cache_key = "|".join(("PTXCompiler(O3)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version}",
+                               target.triple, target.cpu, target.features, f"embed={embed_program}", _ptxas_version()))
+
+  def ptx(self, src: str) -> str:
+    """The PTX assembly of an LLVM IR module."""
+    try:
+      module = llvm.parse_assembly(src)
+      module.verify()
+    except RuntimeError as e:
+      raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
+    module.triple, module.data_layout = self._tm.triple, str(self._tm.target_data)
+    pass_builder = llvm.create_pass_builder(self._tm, llvm.create_pipeline_tuning_options(speed_level=3))
+    pass_builder.getModulePassManager().run(module, pass_builder)
+    return self._tm.emit_assembly(module)
+
+  def compile(self, src: str) -> bytes:
+    cubin = assemble_ptx(self.ptx(src), self.target.cpu)
+    return append_program(cubin, embedded_program_text(src)) if self.embed_program else cubin
+
+
+
+@functools.cache
+def _ptxas_version() -> str:
+  try:
+    return subprocess.run([find_ptxas(), "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+  except (CompileError, OSError, IndexError):
+    return "no ptxas"
+
+
+def find_ptxas() -> str:
+  """ptxas: $PTXAS, the nvidia-cuda-nvcc wheel, PATH, or the CUDA toolkit's usual place."""
+  if (path := os.environ.get("PTXAS")): return path
+  for entry in _python_paths():
+    for found in sorted(glob.glob(os.path.join(entry, "nvidia", "cu*", "bin", "ptxas")) +
+                        glob.glob(os.path.join(entry, "nvidia", "cuda_nvcc", "bin", "ptxas")), reverse=True):
+      if os.access(found, os.X_OK): return found
+  if (path := shutil.which("ptxas")): return path
+  for path in ("/usr/local/cuda/bin/ptxas", "/opt/cuda/bin/ptxas"):
+    if os.access(path, os.X_OK): return path
+  raise CompileError("ptxas was not found: NVIDIA kernels are assembled by it. Install it with "
+                     "`pip install nvidia-cuda-nvcc` (or the CUDA toolkit), or set PTXAS to its path")
+
+
+def _python_paths() -> list[str]:
+  import sys
+  return [entry for entry in sys.path if entry and os.path.isdir(entry)]
+
+
+def assemble_ptx(ptx: str, arch: str) -> bytes:
+  """A cubin for `arch` (e.g. sm_90) from PTX text; CompileError with ptxas's message and the PTX when it refuses."""
+  ptxas = find_ptxas()
+  with tempfile.TemporaryDirectory(prefix="rawgrad-ptx-") as folder:
+    source, output = os.path.join(folder, "kernel.ptx"), os.path.join(folder, "kernel.cubin")
+    with open(source, "w") as file: file.write(ptx)
+    result = subprocess.run([ptxas, f"-arch={arch}", "-O3", source, "-o", output], capture_output=True, text=True)
+    if result.returncode != 0:
+      raise CompileError(f"ptxas ({ptxas}) rejected the PTX: {result.stderr.strip()}\n{_numbered(ptx)}")
+    with open(output, "rb") as file: return file.read()
+
+
+# *** a kernel's linear program carried with its machine code, for the emulated GPUs
+
+PROGRAM_TRAILER = b"RGPROGv1"
+
+
+def embedded_program_text(src: str) -> str:
+  if (text := program_from_comments(src)) is None:
+    raise CompileError("the source carries no program to embed (render it with embed_program=True)")
+  return text
+
+
+def append_program(binary: bytes, program_text: str) -> bytes:
+  """The binary followed by the program, its length and a magic word: loaders of the real binary ignore the tail."""
+  payload = program_text.encode()
+  return binary + payload + struct.pack("<Q", len(payload)) + PROGRAM_TRAILER
+
+
+def split_embedded_program(lib: bytes) -> tuple[bytes, str | None]:
+  """(the binary, the program text) of a lib made by append_program; (lib, None) for a plain binary."""
+  if not lib.endswith(PROGRAM_TRAILER): return lib, None
+  (length,) = struct.unpack("<Q", lib[-len(PROGRAM_TRAILER) - 8:-len(PROGRAM_TRAILER)])
+  end = len(lib) - len(PROGRAM_TRAILER) - 8
+  return lib[:end - length], lib[end - length:end].decode()
 
 
 # *** disk cache

@@ -16,7 +16,6 @@ tests run GPU-lowered kernels with it on machines without a GPU.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -295,7 +294,10 @@ def alu(op: Ops, dtype: DType, operands: list[Any], sources: tuple[UOp, ...]) ->
   if op is Ops.CMPNE: return np.asarray(a != b)[()]
   if op is Ops.MAX:
     if dtypes.is_bool(source_dtype.scalar): return np.logical_or(a, b)[()]
-    return _finish(np.maximum(a, b), dtype)
+    larger = np.maximum(a, b)
+    # LLVM's maximum orders -0.0 below +0.0 (numpy's picks either)
+    if is_float: larger = np.where((a == 0) & (b == 0), np.where(np.signbit(a) & np.signbit(b), a, abs(a)), larger)
+    return _finish(larger, dtype)
   if op in (Ops.IDIV, Ops.MOD) and not is_float: return _finish(_truncating(op, a, b), dtype)
   if op in (Ops.SHL, Ops.SHR):
     bits = 8 * source_dtype.itemsize
@@ -349,56 +351,4 @@ def bitcast(value: Any, source: DType, target: DType) -> Any:
 
 
 
-# *** programs as text: what the test device compiles, and the emulated GPUs run ***
-
-def serialize_program(program: list[UOp]) -> str:
-  """The program as JSON lines, one instruction each: [op, dtype, sources, arg]. A source is the number of the
-  instruction that computed it (its most recent appearance) or, for a constant not in the program, the constant."""
-  position: dict[UOp, int] = {}
-  lines = []
-  for number, instruction in enumerate(program):
-    sources = [position[s] if s in position else {"const": [_dtype_text(s.dtype), _value_text(s.arg)]}
-               for s in instruction.src]
-    lines.append(json.dumps([instruction.op.name, _dtype_text(instruction.dtype), sources, _value_text(instruction.arg)]))
-    position[instruction] = number
-  return "\n".join(lines)
-
-
-def deserialize_program(text: str) -> list[UOp]:
-  program: list[UOp] = []
-  for line in text.splitlines():
-    op, dtype, sources, arg = json.loads(line)
-    src = tuple(program[s] if isinstance(s, int) else UOp(Ops.CONST, _dtype_of(s["const"][0]), (),
-                                                          _value_of(s["const"][1])) for s in sources)
-    program.append(UOp(Ops[op], _dtype_of(dtype), src, _value_of(arg)))
-  return program
-
-
-def _dtype_text(dtype: DType | PtrDType) -> Any:
-  if isinstance(dtype, PtrDType): return {"ptr": _dtype_text(dtype.base), "size": dtype.size, "local": dtype.local}
-  return [dtype.name, dtype.count]
-
-
-def _dtype_of(text: Any) -> DType | PtrDType:
-  if isinstance(text, dict): return _dtype_of(text["ptr"]).ptr(text["size"], text["local"])
-  name, count = text
-  return dtypes.void if name == "void" else dtypes.from_name(name).vec(count)
-
-
-def _value_text(value: Any) -> Any:
-  """JSON for an arg: floats by their exact hex (nan and inf included), tuples tagged, Ops by name."""
-  if isinstance(value, bool) or value is None or isinstance(value, (int, str)): return value
-  if isinstance(value, float): return {"float": value.hex()}
-  if isinstance(value, tuple): return {"tuple": [_value_text(v) for v in value]}
-  if isinstance(value, Ops): return {"op": value.name}
-  raise TypeError(f"cannot serialize an arg of type {type(value).__name__}: {value!r}")
-
-
-def _value_of(text: Any) -> Any:
-  if not isinstance(text, dict): return text
-  if "float" in text: return float.fromhex(text["float"])
-  if "tuple" in text: return tuple(_value_of(v) for v in text["tuple"])
-  return Ops[text["op"]]
-
-
-__all__ = ["run_program", "kernel_parameters", "InterpreterError", "serialize_program", "deserialize_program"]
+__all__ = ["run_program", "kernel_parameters", "InterpreterError"]

@@ -1,4 +1,10 @@
-"""Render a linear program as LLVM IR text (for the host CPU through llvmlite)."""
+"""Render a linear program as LLVM IR text: for the host CPU, for NVIDIA GPUs (NVPTX) and for AMD GPUs (AMDGPU).
+
+One writer serves all three; the targets differ in the kernel's signature (the CPU's entry point reads its
+argument block, a GPU kernel takes its 8-byte parameters directly: buffer addresses, then variables), in address
+spaces (GPU buffers are global memory, addrspace 1; shared memory is addrspace 3; AMD's registers live in
+addrspace 5), in the grid and thread indices (SPECIAL) and in the block barrier.
+"""
 from __future__ import annotations
 
 import math
@@ -6,6 +12,7 @@ import re
 import struct
 
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.program_text import program_comment
 from rawgrad.compiler.target import Target
 from rawgrad.dtype import DType, PtrDType, dtypes
 
@@ -51,13 +58,35 @@ CORES = UOp(Ops.SPECIAL, dtypes.index, arg="cores")
 
 
 class LLVMRenderer:
-  """program (from codegen.linearize) -> LLVM IR module text with one function `name`, for the CPU."""
+  """program (from codegen.linearize) -> LLVM IR module text with one function `name`, for the target."""
 
-  def __init__(self, target: Target | None = None):
-    self.target = target
+  def __init__(self, target: Target | None = None, embed_program: bool = False):
+    self.target, self.embed_program = target, embed_program
 
   def render(self, name: str, program: list[UOp]) -> str:
-    return _FunctionWriter(kernel_symbol(name), program).write()
+    """The module; with embed_program, the program follows as comment lines (for the emulated GPUs' compilers)."""
+    kind = self.target.kind if self.target is not None else "cpu"
+    module = _FunctionWriter(kernel_symbol(name), program, kind).write()
+    return module + "\n" + program_comment(program) + "\n" if self.embed_program else module
+
+
+class NVPTXRenderer(LLVMRenderer):
+  """LLVM IR for `nvptx64-nvidia-cuda`: PTXCompiler turns it into PTX and a cubin."""
+
+
+class AMDGPURenderer(LLVMRenderer):
+  """LLVM IR for `amdgcn-amd-amdhsa`: LLVMCompiler turns it into a code object."""
+
+
+# the intrinsics that read a GPU thread's grid (block) and block (thread) indices, per dimension
+_SPECIAL_INTRINSICS = {
+  "nv": {"gidx": "llvm.nvvm.read.ptx.sreg.ctaid.{}", "lidx": "llvm.nvvm.read.ptx.sreg.tid.{}"},
+  "amd": {"gidx": "llvm.amdgcn.workgroup.id.{}", "lidx": "llvm.amdgcn.workitem.id.{}"},
+}
+_REGISTER_SPACE = {"cpu": 0, "nv": 0, "amd": 5}  # where allocas live
+_AMD_DATA_LAYOUT = ("e-p:64:64-p1:64:64-p2:32:32-p3:32:32-p4:64:64-p5:32:32-p6:32:32-p7:160:256:256:32-p8:128:128-"
+                    "p9:192:256:256:32-i64:64-v16:16-v24:32-v32:32-v48:64-v96:128-v192:256-v256:256-v512:512-"
+                    "v1024:1024-v2048:2048-n32:64-S32-A5-G1-ni:7:8:9")
 
 
 def kernel_symbol(name: str) -> str:
@@ -66,8 +95,9 @@ def kernel_symbol(name: str) -> str:
 
 
 class _FunctionWriter:
-  def __init__(self, name: str, program: list[UOp]):
-    self.name, self.program = name, program
+  def __init__(self, name: str, program: list[UOp], kind: str = "cpu"):
+    self.name, self.program, self.kind = name, program, kind
+    self.gpu = kind != "cpu"
     self.names: dict[UOp, str] = {}
     self.lines: list[str] = []
     self.allocas: list[str] = []
@@ -90,6 +120,57 @@ class _FunctionWriter:
     self.lines.append("  " + text)
 
   def write(self) -> str:
+    return self.write_gpu() if self.gpu else self.write_cpu()
+
+  def write_gpu(self) -> str:
+    """One kernel function taking its 8-byte parameters: the buffers the program uses (in DEFINE_GLOBAL order, as
+    global pointers), then its variables (sorted by name)."""
+    params = sorted(dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+    variables = sorted({u for u in self.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+    for param in params: self.names[param] = f"%data{param.arg}"
+    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
+    shared = self.shared_globals()
+    for instruction in self.program: self.instruction(instruction)
+    signature = [f"ptr addrspace(1) noalias {self.names[p]}" for p in params]
+    signature += [f"i64 {self.names[v]}" for v in variables]
+    body = "\n".join(self.allocas + self.lines)
+    declarations = "\n".join(sorted(self.declarations) + shared)
+    if self.kind == "nv":
+      header, attributes = "target triple = \"nvptx64-nvidia-cuda\"", 'attributes #0 = { nounwind }'
+      convention = "ptx_kernel"
+    else:
+      header = f"target triple = \"amdgcn-amd-amdhsa\"\ntarget datalayout = \"{_AMD_DATA_LAYOUT}\""
+      # no implicit arguments: the kernel reads nothing but its own parameters
+      attributes = ('attributes #0 = { nounwind "amdgpu-no-implicitarg-ptr" "amdgpu-flat-work-group-size"="1,1024" '
+                    '"uniform-work-group-size"="true" }')
+      convention = "amdgpu_kernel"
+    kernel = (f"define {convention} void @{self.name}({', '.join(signature)}) #0 {{\nentry:\n{body}\n"
+              "  ret void\n}\n")
+    return f"{header}\n{declarations}\n\n{kernel}\n{attributes}\n"
+
+  def shared_globals(self) -> list[str]:
+    """GPU shared memory (DEFINE_LOCAL) as addrspace(3) module globals; their contents start undefined."""
+    found = []
+    for node in dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_LOCAL):
+      self.names[node] = f"@{self.name}.shared{node.arg}"
+      element = llvm_type(node.dtype.base, in_memory=True)
+      found.append(f"{self.names[node]} = internal addrspace(3) global [{node.dtype.size} x {element}] undef, "
+                   "align 16")
+    return found
+
+  def space(self, node: UOp) -> int:
+    """The address space a pointer value (a buffer, an element address, a register) points into."""
+    while node.op in (Ops.INDEX, Ops.AFTER, Ops.BARRIER): node = node.src[0]
+    if node.op is Ops.DEFINE_REG: return _REGISTER_SPACE[self.kind]
+    if not self.gpu: return 0
+    return {Ops.DEFINE_GLOBAL: 1, Ops.DEFINE_LOCAL: 3}.get(node.op, 0)
+
+  def pointer(self, node: UOp) -> str:
+    """The LLVM type of a pointer into node's memory: `ptr`, or `ptr addrspace(n)`."""
+    space = self.space(node)
+    return "ptr" if space == 0 else f"ptr addrspace({space})"
+
+  def write_cpu(self) -> str:
     """The kernel body as an internal function with noalias parameters, and the entry point the runtime calls:
     `void name(ptr args, i64 core, i64 cores)`, where args holds 8-byte slots: the addresses of the buffers the
     program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name)."""
@@ -145,6 +226,7 @@ class _FunctionWriter:
 
   def instruction(self, node: UOp) -> None:
     op = node.op
+    if op is Ops.SPECIAL and self.gpu: return self.op_special(node)
     if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_SCRATCH, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK, Ops.SPECIAL): return
     handler = getattr(self, f"op_{op.name.lower()}", None)
     if handler is not None: handler(node)
@@ -183,10 +265,32 @@ class _FunctionWriter:
     self.emit(f"%{label}.end = udiv i64 %{label}.scaled1, %cores")
     return f"%{label}.start", f"%{label}.end"
 
+  def op_special(self, node: UOp) -> None:
+    """A grid (gidx) or thread (lidx) index of a GPU launch, read from the hardware and widened to 64 bits."""
+    kind, dimension = node.arg[:4], "xyz"[int(node.arg[4])]
+    intrinsic = _SPECIAL_INTRINSICS[self.kind][kind].format(dimension)
+    self.declarations.add(f"declare i32 @{intrinsic}()")
+    narrow = self.fresh("id")
+    self.emit(f"{narrow} = call i32 @{intrinsic}()")
+    self.define(node, f"zext i32 {narrow} to i64")
+
+  def block_barrier(self, node: UOp) -> None:
+    """Every thread of the block waits here; shared-memory writes before it are seen by reads after it."""
+    if self.kind == "nv":
+      self.declarations.add("declare void @llvm.nvvm.barrier0()")
+      self.emit("call void @llvm.nvvm.barrier0()")
+    else:
+      self.declarations.add("declare void @llvm.amdgcn.s.barrier()")
+      self.emit('fence syncscope("workgroup") release')
+      self.emit("call void @llvm.amdgcn.s.barrier()")
+      self.emit('fence syncscope("workgroup") acquire')
+    self.names[node] = self.value(node.src[0])
+
   def op_barrier(self, node: UOp) -> None:
     """Add the chunks this slice did to the count (acq_rel: its stores are published, and the slice that completes
     the count sees everyone's); that slice resets the count for the next launch and goes on, the others leave. A
     slice with no chunks never goes on: it may add 0 after the count was completed."""
+    if node.src[0].op is Ops.DEFINE_LOCAL: return self.block_barrier(node)
     label = self.fresh("barrier")[1:]
     counter, total = self.counter_of(node), node.arg
     start, end = self.slice_bounds(label, str(total))
@@ -213,10 +317,13 @@ class _FunctionWriter:
   def op_define_reg(self, node: UOp) -> None:
     register = f"%acc{node.arg[0]}"
     self.names[node] = register
-    self.allocas.append(f"  {register} = alloca {llvm_type(node.dtype)}")
-    self.emit(f"store {llvm_type(node.dtype)} {llvm_constant(node.arg[1], node.dtype)}, ptr {register}")
+    space = _REGISTER_SPACE[self.kind]
+    self.allocas.append(f"  {register} = alloca {llvm_type(node.dtype)}" + (f", addrspace({space})" if space else ""))
+    self.emit(f"store {llvm_type(node.dtype)} {llvm_constant(node.arg[1], node.dtype)}, {self.pointer(node)} "
+              f"{register}")
 
   def op_define_local(self, node: UOp) -> None:
+    if self.gpu: return  # a module global (shared_globals)
     # a second loop nest (a peeled remainder) fills the same local buffer again: one stack allocation serves both
     if node in self.names: return
     register = f"%local{node.arg}"
@@ -232,22 +339,24 @@ class _FunctionWriter:
       self.emit(f"{safe} = select i1 {self.value(node.src[2])}, i64 {index}, i64 0")
       index = safe
     element = llvm_type(node.dtype.base, in_memory=True)
-    self.define(node, f"getelementptr inbounds {element}, ptr {self.value(buffer)}, i64 {index}", "addr")
+    self.define(node, f"getelementptr inbounds {element}, {self.pointer(buffer)} {self.value(buffer)}, i64 {index}",
+                "addr")
 
   def op_load(self, node: UOp) -> None:
     pointer = node.src[0]
     if pointer.op is Ops.DEFINE_REG:
-      self.define(node, f"load {llvm_type(node.dtype)}, ptr {self.value(pointer)}")
+      self.define(node, f"load {llvm_type(node.dtype)}, {self.pointer(pointer)} {self.value(pointer)}")
       return
     stored, gate = llvm_type(node.dtype, in_memory=True), pointer.src[2] if len(pointer.src) > 2 else None
     align = node.dtype.itemsize
     if gate is not None and gate.dtype.count > 1:
       # lanes whose gate is false touch no memory and read 0
-      function = self.masked("load", node.dtype)
-      loaded = self.define(node, f"call {stored} {function}(ptr align {align} {self.value(pointer)}, "
-                                 f"{llvm_type(gate.dtype)} {self.value(gate)}, {stored} zeroinitializer)")
+      function = self.masked("load", node.dtype, self.space(pointer))
+      address = f"{self.pointer(pointer)} align {align} {self.value(pointer)}"
+      loaded = self.define(node, f"call {stored} {function}({address}, {llvm_type(gate.dtype)} {self.value(gate)}, "
+                                 f"{stored} zeroinitializer)")
     else:
-      loaded = self.define(node, f"load {stored}, ptr {self.value(pointer)}, align {align}")
+      loaded = self.define(node, f"load {stored}, {self.pointer(pointer)} {self.value(pointer)}, align {align}")
     if node.dtype.scalar == dtypes.bool: loaded = self.define(node, f"icmp ne {stored} {loaded}, zeroinitializer"
                                                              if node.dtype.count > 1 else f"icmp ne i8 {loaded}, 0")
     if gate is not None and gate.dtype.count == 1:
@@ -259,7 +368,7 @@ class _FunctionWriter:
     dtype = value.dtype
     text = self.value(value)
     if pointer.op is Ops.DEFINE_REG:
-      self.emit(f"store {llvm_type(dtype)} {text}, ptr {self.value(pointer)}")
+      self.emit(f"store {llvm_type(dtype)} {text}, {self.pointer(pointer)} {self.value(pointer)}")
       return
     if dtype.scalar == dtypes.bool:
       widened = self.fresh()
@@ -268,11 +377,11 @@ class _FunctionWriter:
     stored, gate = llvm_type(dtype, in_memory=True), pointer.src[2] if len(pointer.src) > 2 else None
     address = self.value(pointer)
     if gate is not None and gate.dtype.count > 1:
-      function = self.masked("store", dtype)
-      self.emit(f"call void {function}({stored} {text}, ptr align {dtype.itemsize} {address}, "
+      function = self.masked("store", dtype, self.space(pointer))
+      self.emit(f"call void {function}({stored} {text}, {self.pointer(pointer)} align {dtype.itemsize} {address}, "
                 f"{llvm_type(gate.dtype)} {self.value(gate)})")
       return
-    if node.arg == "stream" and gate is None and _streamable(dtype):
+    if node.arg == "stream" and gate is None and _streamable(dtype) and not self.gpu:
       self.stream_store(stored, text, address, dtype.nbytes)
       return
     if gate is not None:
@@ -280,11 +389,11 @@ class _FunctionWriter:
       label = self.fresh("store")[1:]
       self.emit(f"br i1 {self.value(gate)}, label %{label}.do, label %{label}.done")
       self.lines.append(f"{label}.do:")
-      self.emit(f"store {stored} {text}, ptr {address}, align {dtype.itemsize}")
+      self.emit(f"store {stored} {text}, {self.pointer(pointer)} {address}, align {dtype.itemsize}")
       self.emit(f"br label %{label}.done")
       self.lines.append(f"{label}.done:")
       return
-    self.emit(f"store {stored} {text}, ptr {address}, align {dtype.itemsize}")
+    self.emit(f"store {stored} {text}, {self.pointer(pointer)} {address}, align {dtype.itemsize}")
 
   def stream_store(self, stored: str, text: str, address: str, nbytes: int) -> None:
     """A non-temporal store (it bypasses the caches) where the address is aligned to the vector, a plain one
@@ -303,12 +412,13 @@ class _FunctionWriter:
     self.lines.append(f"{label}.done:")
     self.streams = True
 
-  def masked(self, what: str, dtype: DType) -> str:
+  def masked(self, what: str, dtype: DType, space: int) -> str:
     stored = llvm_type(dtype, in_memory=True)
     mask = f"<{dtype.count} x i1>"
-    name = f"@llvm.masked.{what}.{_vector_suffix(dtype, in_memory=True)}.p0"
-    if what == "load": self.declarations.add(f"declare {stored} {name}(ptr, {mask}, {stored})")
-    else: self.declarations.add(f"declare void {name}({stored}, ptr, {mask})")
+    pointer = "ptr" if space == 0 else f"ptr addrspace({space})"
+    name = f"@llvm.masked.{what}.{_vector_suffix(dtype, in_memory=True)}.p{space}"
+    if what == "load": self.declarations.add(f"declare {stored} {name}({pointer}, {mask}, {stored})")
+    else: self.declarations.add(f"declare void {name}({stored}, {pointer}, {mask})")
     return name
 
   # *** vectors ***

@@ -37,7 +37,8 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.target import Target, gpu_target
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
-from rawgrad.runtime.interpreter import InterpreterError, deserialize_program, run_program, serialize_program
+from rawgrad.compiler.program_text import deserialize_program, serialize_program
+from rawgrad.runtime.interpreter import InterpreterError, run_program
 
 EXEC, SIGNAL, WAIT, TIMESTAMP, COPY, BARRIER = 1, 2, 3, 4, 5, 6
 OPERANDS = {EXEC: 8, SIGNAL: 2, WAIT: 2, TIMESTAMP: 1, COPY: 3, BARRIER: 0}
