@@ -322,8 +322,31 @@ _fma64_elements = np.frompyfunc(_exact_fma, 3, 1)
 
 
 def _fma64(a: Any, b: Any, c: Any) -> np.ndarray:
-  """a*b + c in float64 with one rounding, as the hardware's fused multiply-add (exactly, through fractions)."""
-  return np.asarray(_fma64_elements(a, b, c), dtype=np.float64)
+  """a*b + c in float64 with one rounding, as the hardware's fused multiply-add. Error-free transformations (Dekker's
+  product, Knuth's sum) give the exact value as s + u + v; where v is 0 (nearly always) s + u rounds once to the
+  correctly rounded result. The rest (and anything near overflow or underflow) goes through exact fractions."""
+  a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (a, b, c)))
+  product = a * b
+  split_a, split_b = a * 134217729.0, b * 134217729.0  # Veltkamp: 2^27 + 1
+  a_high = split_a - (split_a - a)
+  b_high = split_b - (split_b - b)
+  a_low, b_low = a - a_high, b - b_high
+  product_error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
+  total = product + c
+  back = total - product
+  sum_error = (product - (total - back)) + (c - back)
+  u = sum_error + product_error
+  u_back = u - sum_error
+  v = (sum_error - (u - u_back)) + (product_error - u_back)
+  result = np.asarray(total + u)
+  magnitude = np.abs(product)
+  safe = (np.abs(a) < 2.0 ** 990) & (np.abs(b) < 2.0 ** 990) & (np.abs(c) < 2.0 ** 1000) & (v == 0) & \
+    ((a == 0) | (b == 0) | ((magnitude > 2.0 ** -960) & (magnitude < 2.0 ** 960)))
+  if not safe.all():
+    slow = ~safe
+    result = result.copy()
+    result[slow] = _fma64_elements(a[slow], b[slow], c[slow]).astype(np.float64)
+  return result
 
 
 def _truncating(op: Ops, a: Any, b: Any) -> Any:
