@@ -107,7 +107,7 @@ def host_target(isa: str | None = None) -> Target:
   l1, l2 = _cache_sizes()
   return Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
                 features=flattened, vector_bytes=vector_bytes, vector_registers=registers, l1_bytes=l1, l2_bytes=l2,
-                native_math=frozenset({"sqrt", "trunc", "exp2", "log2", "sin"}))
+                native_math=frozenset({"sqrt", "trunc", "sin"}))
 
 
 def _cache_sizes() -> tuple[int, int]:
