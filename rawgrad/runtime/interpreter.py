@@ -323,8 +323,9 @@ _fma64_elements = np.frompyfunc(_exact_fma, 3, 1)
 
 def _fma64(a: Any, b: Any, c: Any) -> np.ndarray:
   """a*b + c in float64 with one rounding, as the hardware's fused multiply-add. Error-free transformations (Dekker's
-  product, Knuth's sum) give the exact value as s + u + v; where v is 0 (nearly always) s + u rounds once to the
-  correctly rounded result. The rest (and anything near overflow or underflow) goes through exact fractions."""
+  product, Knuth's sum) give the exact value as s + u + v with |v| tiny; s + u rounds to the correctly rounded result
+  unless it lies (almost) exactly between two doubles, where v decides. Those, and anything near overflow or
+  underflow, go through exact fractions."""
   a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (a, b, c)))
   product = a * b
   split_a, split_b = a * 134217729.0, b * 134217729.0  # Veltkamp: 2^27 + 1
@@ -339,8 +340,11 @@ def _fma64(a: Any, b: Any, c: Any) -> np.ndarray:
   u_back = u - sum_error
   v = (sum_error - (u - u_back)) + (product_error - u_back)
   result = np.asarray(total + u)
+  residual = np.abs((total - result) + u)  # what rounding total + u dropped: half an ulp at a tie (a quarter of
+  spacing = np.spacing(np.abs(result))       # the spacing above, just below a power of two)
+  near_tie = (v != 0) & ((residual == spacing * 0.5) | (residual == spacing * 0.25))
   magnitude = np.abs(product)
-  safe = (np.abs(a) < 2.0 ** 990) & (np.abs(b) < 2.0 ** 990) & (np.abs(c) < 2.0 ** 1000) & (v == 0) & \
+  safe = (np.abs(a) < 2.0 ** 990) & (np.abs(b) < 2.0 ** 990) & (np.abs(c) < 2.0 ** 1000) & ~near_tie & \
     ((a == 0) | (b == 0) | ((magnitude > 2.0 ** -960) & (magnitude < 2.0 ** 960)))
   if not safe.all():
     slow = ~safe
