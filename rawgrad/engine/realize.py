@@ -78,6 +78,7 @@ class KernelCompiler:
     if DEBUG >= 3: print(f"kernel {ast.arg}: {list(lowered.opts)}")
     source = compiled.renderer.render(ast.arg, lowered.program)
     if DEBUG >= 6: print(source)
+    if DEBUG >= 7: print(compiled.compiler.assembly(source))
     self.compiling[key] = lowered, source, self._compiler_thread().submit(compile_cached, compiled.compiler, source)
 
   def runner(self, device: str, ast: UOp) -> CompiledRunner:
