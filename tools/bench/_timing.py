@@ -5,7 +5,8 @@ ratio.
 Our time is `run_schedule` of the tensor's kernels into buffers allocated once: the product path (compiled kernel,
 launch through the device queue on all cores, wait for each), without scheduling the tensor graph again; the
 kernels' own time (device timestamps, without the launch and the wait) is shown beside it. References write into
-preallocated outputs too (`out=`). BENCH_SECONDS sets the time spent per figure. Not a benchmark itself: run by the others.
+preallocated outputs too (`out=`). BENCH_SECONDS sets the time spent per figure. Not a benchmark itself: run by the
+others.
 """
 from __future__ import annotations
 
