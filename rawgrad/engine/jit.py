@@ -6,7 +6,7 @@ block lives in device-visible memory of its own, so a replay patches input addre
 and submits the same encoded queues again. Copies within a device are copy-engine commands of the graph; copies
 between devices go through the host at their place in the order.
 
-The tensor-level `jit` decorator (rawgrad/jit.py) decides what is captured and what an input is.
+The tensor-level `jit` decorator (rawgrad/tensor_jit.py) decides what is captured and what an input is.
 """
 from __future__ import annotations
 

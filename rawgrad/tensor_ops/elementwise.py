@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
+from rawgrad.tensor_ops.helpers import TensorBase
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -76,7 +77,7 @@ _ROUNDING_MODES = (None, "trunc", "floor")
 _MAX_SQUARING_EXPONENT = 64
 
 
-class ElementwiseOps:
+class ElementwiseOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
