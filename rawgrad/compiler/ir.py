@@ -100,15 +100,8 @@ class GroupOp:
                       Ops.XOR, Ops.SHL, Ops.SHR})
   Ternary = frozenset({Ops.WHERE, Ops.MULACC})
   ALU = Unary | Binary | Ternary
-  Reduce = frozenset({Ops.REDUCE_AXIS, Ops.REDUCE})
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
-  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_SCRATCH,
-                      Ops.DEFINE_REG, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.BUFFERIZE, Ops.CONTIGUOUS, Ops.REALIZE,
-                      Ops.COPY, Ops.ASSIGN})
-  Control = frozenset({Ops.SINK, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.KERNEL, Ops.NOOP, Ops.UNIQUE,
-                       Ops.DEVICE, Ops.SPECIAL, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.AFTER})
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
-  Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
 
 
@@ -262,16 +255,6 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     name, low, high = self.arg
     if not low <= value <= high: raise ValueError(f"value {value} is outside {name}'s range [{low}, {high}]")
     return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
-
-  # *** constants ***
-
-  @property
-  def is_const(self) -> bool:
-    return self.op is Ops.CONST
-
-  def const_value(self) -> Any:
-    if self.op is not Ops.CONST: raise ValueError(f"{self.op} is not a constant")
-    return self.arg
 
   # *** graph traversal ***
 

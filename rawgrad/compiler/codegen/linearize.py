@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
+from rawgrad.compiler.symbolic import evaluate
 from rawgrad.dtype import DType, dtypes
 
 
@@ -252,22 +253,10 @@ class KernelCost:
   bytes_moved: int
 
 
-# program id -> (the program, kept so its id stays unique; {variable values: cost})
-_costs: dict[int, tuple[list[UOp], dict[tuple, KernelCost]]] = {}
-
-
 def estimate_cost(program: list[UOp], var_values: dict[UOp, int] | None = None) -> KernelCost:
   """ALU operations executed (each counted once per loop iteration, once per vector lane, twice for a fused
-  multiply-add) and bytes of global memory touched. Remembered per program and variable values: a runtime asks on
-  every launch."""
+  multiply-add) and bytes of global memory touched. It walks the whole program: a runner remembers its costs."""
   var_values = var_values or {}
-  key = tuple(sorted((variable.arg[0], value) for variable, value in var_values.items()))
-  _, known = _costs.setdefault(id(program), (program, {}))
-  if key not in known: known[key] = _count_cost(program, var_values)
-  return known[key]
-
-
-def _count_cost(program: list[UOp], var_values: dict[UOp, int]) -> KernelCost:
   multipliers, flops, touched = [1], 0, {}
   for instruction in program:
     if instruction.op is Ops.RANGE: multipliers.append(multipliers[-1] * _evaluate_size(instruction.src[0], var_values))
@@ -284,5 +273,4 @@ def _is_index_math(instruction: UOp) -> bool:
 
 
 def _evaluate_size(node: UOp, var_values: dict[UOp, int]) -> int:
-  from rawgrad.compiler.symbolic import evaluate
   return int(evaluate(node, var_values))

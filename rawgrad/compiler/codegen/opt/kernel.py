@@ -44,7 +44,7 @@ from enum import Enum, auto
 from rawgrad.compiler.codegen.linearize import reduce_identity
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.compiler.symbolic import simplify
+from rawgrad.compiler.symbolic import simplify, sum_terms
 from rawgrad.dtype import DType, dtypes
 
 PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
@@ -285,11 +285,6 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   return renumber(split.replace(src=(store,)), loops + _placed_after_loops(all_ranges(split.replace(src=(store,)))))
 
 
-def is_block_barrier(node: UOp) -> bool:
-  """A GPU block's barrier (BARRIER(local, stores)), as opposed to a GROUP's meeting of CPU slices."""
-  return node.op is Ops.BARRIER and node.src[0].op is Ops.DEFINE_LOCAL
-
-
 # *** staging a load in a GPU block's shared memory ***
 
 def is_staging(node: UOp) -> bool:
@@ -409,16 +404,10 @@ def stride(index: UOp, r: UOp) -> int | None:
   """How far the index moves when range r grows by one: 0 if it does not use r, None unless it is linear in r."""
   if r not in index.toposort: return 0
   total = 0
-  for term in _sum_terms(index):
-    if term is r: total += 1
-    elif term.op is Ops.MUL and term.src[0] is r and term.src[1].op is Ops.CONST: total += term.src[1].arg
-    elif r in term.toposort: return None
+  for coefficient, term in sum_terms(index):
+    if term is r: total += coefficient
+    elif term is not None and r in term.toposort: return None
   return total
-
-
-def _sum_terms(node: UOp) -> list[UOp]:
-  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
-  return [node]
 
 
 def _whole_axis(target: UOp, opt: Opt) -> int:
