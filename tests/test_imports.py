@@ -196,3 +196,15 @@ def test_import_rawgrad_compiler_alone() -> None:
                           timeout=120)
   assert result.returncode == 0, result.stderr
   assert result.stdout.strip() == "['rawgrad', 'rawgrad.compiler']"
+
+
+def test_the_public_names_load_on_first_use() -> None:
+  script = ("import sys, rawgrad\nassert not [m for m in sys.modules if m.startswith('rawgrad.')], sys.modules\n"
+            "from rawgrad import *\nimport rawgrad.tensor_jit\n"
+            "assert Tensor is rawgrad.tensor.Tensor and jit is rawgrad.tensor_jit.jit and rawgrad.jit is jit\n"
+            "assert set(rawgrad.__all__) <= set(dir(rawgrad))\n"
+            "try:\n  rawgrad.Tensr\nexcept AttributeError as e:\n  print(e)\n")
+  result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE.parent,
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.strip() == "module 'rawgrad' has no attribute 'Tensr'"

@@ -1,5 +1,7 @@
 """compiler/codegen/opt/gpu_heuristic.py: blocks of eight warps of the target's width, one thread per output or a
 block per reduction with few outputs, and the values those opts compute (through the GPU program interpreter)."""
+import math
+
 import numpy as np
 import pytest
 
@@ -18,22 +20,25 @@ def _ast(tensor: Tensor) -> UOp:
   return create_schedule([tensor.uop]).items[-1].ast
 
 
+def _threads(opts: list[Opt]) -> int:
+  return math.prod(opt.amount for opt in opts if opt.op is OptOps.THREADS)
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
-def test_a_long_contiguous_row_is_one_block_of_eight_warps(arch: str) -> None:
-  block = gpu_target(arch).warp_size * WARPS_PER_BLOCK
-  assert gpu_opts(_ast(Tensor.empty(2048, 4096) * 2), gpu_target(arch)) == [Opt(OptOps.THREADS, 1, block)]
+@pytest.mark.parametrize("shape", [(2048, 4096), (64, 8), (3, 1000)])
+def test_every_output_kernel_fills_a_block_of_eight_warps(arch: str, shape: tuple[int, int]) -> None:
+  """A short contiguous loop is topped up from the next loop out; a vector of outputs per thread is one access."""
+  target = gpu_target(arch)
+  opts = gpu_opts(_ast(Tensor.empty(*shape) * 2), target)
+  assert _threads(opts) == target.warp_size * WARPS_PER_BLOCK
+  assert all(opt.amount * 4 <= target.vector_bytes for opt in opts if opt.op is OptOps.UPCAST)
 
 
-def test_a_short_row_is_topped_up_from_the_next_loop_out() -> None:
-  opts = gpu_opts(_ast(Tensor.empty(64, 8) * 2), gpu_target("sm_90"))
-  assert opts == [Opt(OptOps.THREADS, 0, 32), Opt(OptOps.THREADS, 1, 8)]
-  assert opts[0].amount * opts[1].amount == 256
-
-
-def test_the_threads_follow_the_contiguous_store() -> None:
-  # the output of a transposed copy is contiguous along the tensor's last axis, whatever the input's layout
-  opts = gpu_opts(_ast(Tensor.empty(4096, 512).permute(1, 0).contiguous()), gpu_target("sm_90"))
-  assert opts == [Opt(OptOps.THREADS, 1, 256)]
+def test_a_transposed_copy_is_threaded_like_a_plain_one() -> None:
+  """The store decides: the transposed copy's output is contiguous along its last axis, as a plain copy's is."""
+  plain = gpu_opts(_ast(Tensor.empty(512, 4096) * 1), gpu_target("sm_90"))
+  transposed = gpu_opts(_ast(Tensor.empty(4096, 512).permute(1, 0).contiguous()), gpu_target("sm_90"))
+  assert transposed == plain
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
@@ -45,10 +50,9 @@ def test_a_reduction_with_few_outputs_shares_a_block(arch: str) -> None:
 
 
 def test_short_reductions_and_many_outputs_run_a_thread_per_output() -> None:
-  short = gpu_opts(_ast(Tensor.empty(4, SHARED_REDUCE_MIN // 2).sum(1)), gpu_target("sm_90"))
-  assert OptOps.BLOCK_REDUCE not in [o.op for o in short]
-  many = gpu_opts(_ast(Tensor.empty(1 << 16, 1024).sum(1)), gpu_target("sm_90"))
-  assert [o.op for o in many] == [OptOps.THREADS]
+  for shape in ((4, SHARED_REDUCE_MIN // 2), (1 << 16, 1024)):
+    opts = gpu_opts(_ast(Tensor.empty(*shape).sum(1)), gpu_target("sm_90"))
+    assert OptOps.BLOCK_REDUCE not in [o.op for o in opts] and OptOps.THREADS in [o.op for o in opts], shape
 
 
 def test_nothing_to_store_or_no_loops_gets_no_opts() -> None:
