@@ -276,15 +276,15 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   def walk(self) -> Iterator[UOp]:
     return iter(self.toposort)
 
-  def reachable_without_entering(self, barrier: Ops) -> list[UOp]:
-    """The nodes reachable from this one, not looking inside nodes of op `barrier` (which are included)."""
+  def reachable_without_entering(self, barrier: Callable[[UOp], bool]) -> list[UOp]:
+    """The nodes reachable from this one, not looking inside the nodes `barrier` holds true for (which are included)."""
     seen: dict[UOp, None] = {}
     stack = [self]
     while stack:
       node = stack.pop()
       if node in seen: continue
       seen[node] = None
-      if node.op is not barrier: stack.extend(node.src)
+      if not barrier(node): stack.extend(node.src)
     return list(seen)
 
   @functools.cached_property

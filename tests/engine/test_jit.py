@@ -1,18 +1,20 @@
 """engine/jit.py: capturing launches and copies, refusing host reads inside a capture, and the CommandGraph that
 replays them as prebuilt queues with patched argument blocks. (tests/test_tensor_jit.py tests the decorator.)"""
+from typing import Callable
+
 import numpy as np
 import pytest
 
 from rawgrad import Tensor
+from rawgrad.compiler.rangeify import buffer_base
+from rawgrad.dtype import dtypes
 from rawgrad.engine.jit import (CapturedCopy, CapturedKernel, CommandGraph, JitError, capturing, refuse_host_read,
                                 replan_temporaries, start_capture, stop_capture)
 from rawgrad.helpers import GlobalCounters
 from rawgrad.runtime.device import Buffer, buffer_for
-from rawgrad.compiler.rangeify import buffer_base
-from rawgrad.dtype import dtypes
 
 
-def _captured(build, *inputs: Tensor) -> tuple[list, Tensor]:
+def _captured(build: Callable[..., Tensor], *inputs: Tensor) -> tuple[list, Tensor]:
   capture = start_capture()
   try:
     assert capturing() is capture

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import itertools
 
-from rawgrad.compiler.codegen.opt.kernel import (LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, is_staging,
-                                                 range_kind, stride)
+from rawgrad.compiler.codegen.linearize import is_staging
+from rawgrad.compiler.codegen.opt.kernel import (LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, range_kind,
+                                                 stride)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify

@@ -62,7 +62,7 @@ class _Linearizer:
     if node.op is Ops.REDUCE:
       self.emit_reduce_group(node)
       return self.scopes[-1][node]
-    if _is_staging(node): return self.emit_staging(node)
+    if is_staging(node): return self.emit_staging(node)
     sources = tuple(self.emit(source) for source in node.src)
     instruction = node if sources == node.src else node.replace(src=sources)
     self.program.append(instruction)
@@ -173,28 +173,16 @@ def _is_zero(node: UOp) -> bool:
   return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
 
 
-def _is_staging(node: UOp) -> bool:
+def is_staging(node: UOp) -> bool:
   """A staged copy into a local buffer: AFTER(local, copies) on a CPU, BARRIER(local, copies, arg="stage") on a GPU
-  (see opt/kernel.py, stage_shared)."""
+  (see opt/kernel.py: stage_load, stage_shared)."""
   return node.op is Ops.AFTER or (node.op is Ops.BARRIER and node.arg == "stage")
-
-
-def _reachable_outside_stagings(node: UOp) -> list[UOp]:
-  """The nodes reachable from node, not looking inside staged copies (which are included)."""
-  seen: dict[UOp, None] = {}
-  stack = [node]
-  while stack:
-    current = stack.pop()
-    if current in seen: continue
-    seen[current] = None
-    if not _is_staging(current): stack.extend(current.src)
-  return list(seen)
 
 
 def _free_ranges(node: UOp) -> set[UOp]:
   """The ranges a node needs open around it: all it uses except the loops of reductions inside it and of the
   staged copies it reads (those run before it)."""
-  nodes = _reachable_outside_stagings(node) if not _is_staging(node) else list(node.toposort)
+  nodes = node.reachable_without_entering(is_staging) if not is_staging(node) else list(node.toposort)
   used = {n for n in nodes if n.op is Ops.RANGE}
   own = {r for n in nodes if n.op is Ops.REDUCE for r in n.src[1:]}
   return used - own
@@ -215,7 +203,7 @@ def linearize(ast: UOp) -> list[UOp]:
   loops share one loop nest; stores over different loops (a peeled remainder) share the loops their nests begin
   with."""
   linearizer = _Linearizer(ast)
-  stagings = [node for node in ast.toposort if _is_staging(node)]
+  stagings = [node for node in ast.toposort if is_staging(node)]
   linearizer.pending_stagings = [node for node in stagings if node.op is Ops.BARRIER]
   linearizer.emit_ready_stagings(stagings)
   nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
@@ -244,7 +232,7 @@ def linearize(ast: UOp) -> list[UOp]:
 def _barriers(stores: list[UOp]) -> list[UOp]:
   """The meetings of a split reduction (GROUP's slices, BLOCK_REDUCE's threads), not the barriers of staged tiles."""
   return list(dict.fromkeys(node for store in stores for node in store.toposort
-                            if node.op is Ops.BARRIER and not _is_staging(node)))
+                            if node.op is Ops.BARRIER and not is_staging(node)))
 
 
 @dataclass(frozen=True)

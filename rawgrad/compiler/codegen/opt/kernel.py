@@ -41,7 +41,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from rawgrad.compiler.codegen.linearize import reduce_identity
+from rawgrad.compiler.codegen.linearize import is_staging, reduce_identity
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify, sum_terms
@@ -286,11 +286,6 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
 
 
 # *** staging a load in a GPU block's shared memory ***
-
-def is_staging(node: UOp) -> bool:
-  """A staged copy into a local buffer: AFTER(local, copies) on a CPU, BARRIER(local, copies, arg="stage") on a GPU."""
-  return node.op is Ops.AFTER or (node.op is Ops.BARRIER and node.arg == "stage")
-
 
 def _staged_load(ast: UOp, opt: Opt) -> UOp:
   loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX

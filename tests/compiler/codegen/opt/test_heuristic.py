@@ -1,6 +1,7 @@
 """compiler/codegen/opt/heuristic.py: the default CPU opts follow the kernel's shape and the target's numbers, and
 the kernels they make compute what numpy does. A fixed AVX2-like target keeps the choices independent of the host."""
 from dataclasses import replace
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -79,7 +80,8 @@ def test_a_kernel_with_nothing_to_store_gets_no_opts() -> None:
   ("column max", lambda a, b: a.max(0), lambda a, b: a.max(0)),
   ("matmul", lambda a, b: a @ b, lambda a, b: a @ b),
 ])
-def test_the_chosen_opts_compute_the_right_values(name: str, build, expected) -> None:
+def test_the_chosen_opts_compute_the_right_values(name: str, build: Callable[[Tensor, Tensor], Tensor],
+                                                   expected: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
   a, b = rng.standard_normal((37, 45)).astype(np.float32), rng.standard_normal((45, 29)).astype(np.float32)
   tensor = build(Tensor(a), Tensor(b))
   item = last_kernel(tensor)
