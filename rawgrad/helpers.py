@@ -96,7 +96,7 @@ def unique_id() -> int:
 
 class LRUCache(Generic[K, V]):
   """A cache that keeps its `limit` most recently used entries: reading or writing an entry makes it the most recent,
-  and an entry beyond the limit drops the least recent one."""
+  and an entry beyond the limit drops the least recent one. Values are never None (None means "not cached")."""
 
   def __init__(self, limit: int):
     if limit < 1: raise ValueError(f"an LRU cache needs a limit of at least 1 entry, got {limit}")
@@ -111,9 +111,9 @@ class LRUCache(Generic[K, V]):
 
   def get(self, key: K) -> V | None:
     """The value for `key`, or None when it is not cached."""
-    if key not in self.entries: return None
-    self.entries.move_to_end(key)
-    return self.entries[key]
+    value = self.entries.get(key)
+    if value is not None: self.entries.move_to_end(key)
+    return value
 
   def put(self, key: K, value: V) -> V:
     """Remember `value` for `key`; returns it."""
