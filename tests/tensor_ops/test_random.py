@@ -41,6 +41,8 @@ def test_distributions() -> None:
   assert ints.dtype == np.int32 and set(np.unique(ints)) == set(range(-3, 4))
   scaled = Tensor.normal(50_000, mean=3.0, std=0.5).numpy()
   assert abs(scaled.mean() - 3) < 0.01 and abs(scaled.std() - 0.5) < 0.01
+  like = Tensor.zeros(50_000, dtype=dtypes.float64).randn_like()
+  assert like.dtype == dtypes.float64 and abs(like.numpy().mean()) < 0.02 and abs(like.numpy().std() - 1) < 0.02
 
 
 def test_initializers_respect_their_bounds() -> None:

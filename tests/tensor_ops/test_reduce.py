@@ -18,6 +18,12 @@ def test_statistics(axis) -> None:
   np.testing.assert_allclose(t.logsumexp(axis).numpy(), np.log(np.exp(x).sum(axis)), rtol=1e-5)
   assert (Tensor(x > 1).any(axis).numpy() == (x > 1).any(axis)).all()
   assert (Tensor(x > -1).all(axis).numpy() == (x > -1).all(axis)).all()
+  variance, mean = t.var_mean(axis)
+  np.testing.assert_allclose(variance.numpy(), x.var(axis, ddof=1), rtol=1e-5)
+  np.testing.assert_allclose(mean.numpy(), x.mean(axis), rtol=1e-5, atol=1e-7)
+  deviation, mean = t.std_mean(axis, keepdim=True, correction=0)
+  np.testing.assert_allclose(deviation.numpy(), x.std(axis, keepdims=True), rtol=1e-5)
+  assert mean.shape == np.mean(x, axis, keepdims=True).shape
 
 
 def test_argmax_argmin_take_the_first_of_ties() -> None:
