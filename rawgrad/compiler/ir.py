@@ -667,8 +667,10 @@ def _log2(a: float) -> float:
 
 
 def _maximum(a: Any, b: Any) -> Any:
+  """LLVM's maximum: nan wins, and -0.0 is below +0.0."""
   if isinstance(a, float) and math.isnan(a): return a
   if isinstance(b, float) and math.isnan(b): return b
+  if a == 0 and b == 0 and isinstance(a, float): return a if math.copysign(1, a) > 0 else b
   return max(a, b)
 
 
