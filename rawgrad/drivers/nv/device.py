@@ -157,6 +157,14 @@ class NVDevice(HCQDevice):
   def info(self):  # noqa: ANN201 - GPUInfo
     return self.gpu.info
 
+  def close(self, timeout_s: float = 5.0) -> None:
+    """Wait for the GPU (unless a fault stopped it) and let it go; the device is unusable afterwards."""
+    try:
+      if self.fault is None: self.synchronize(timeout_s)
+    finally:
+      self.fault = f"{self.name} is closed"
+      self.gpu.close()
+
   def _completed(self) -> int:
     signal = getattr(self, "timeline_signal", None)
     return 0 if signal is None else signal.value

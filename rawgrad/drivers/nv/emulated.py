@@ -147,6 +147,10 @@ class GPUFault(Exception):
     self.xid = xid
 
 
+class ChannelStopped(Exception):
+  """The channel was freed while its engine ran: drop the rest of its work."""
+
+
 class MMUFault(GPUFault, InterpreterError):
   def __init__(self, why: str):
     super().__init__(XID_MMU_FAULT, why)
@@ -275,6 +279,9 @@ class EmulatedKernel(KernelInterface):
       if file.kind == "ctl":
         for handle in [h for h, client in self.clients.items() if client.state["fd"] == fd]:
           self._free_object(self.clients[handle])
+      if file.kind == "uvm":   # the VA space goes, and with it UVM's hold on memory RM has freed
+        for mapping in file.uvm.ranges:
+          if mapping.memory is not None: self._unmap(mapping.memory)
 
   def read_text(self, path: str) -> str:
     if path == "/sys/module/nvidia/version": return f"{self.version}\n"
@@ -767,8 +774,9 @@ class EmulatedKernel(KernelInterface):
       found = next((m for m in space.ranges if m.base == params.base), None)
       if found is None: raise RMStatus(rm.NV_ERR_INVALID_ADDRESS, f"no range starts at {params.base:#x}")
       space.ranges.remove(found)
-    memory = found.memory
-    if memory is None: return
+    if found.memory is not None: self._unmap(found.memory)
+
+  def _unmap(self, memory: RMObject) -> None:
     memory.state["uvm_mapped"] = False
     if memory.handle not in memory.client.state["objects"] and memory.cls != rm.NV01_MEMORY_SYSTEM_OS_DESCRIPTOR:
       memory.backing.release()   # RM freed it while UVM still mapped it
@@ -895,9 +903,11 @@ class ChannelEngine:
   def ring(self) -> None:
     self.doorbell.set()
 
-  def stop(self) -> None:
+  def stop(self, timeout_s: float = 10.0) -> None:
+    """Stop the engine and wait until it no longer touches memory (which its freeing is about to take away)."""
     self.stopped = True
     self.doorbell.set()
+    if threading.current_thread() is not self.thread: self.thread.join(timeout_s)
 
   @property
   def space(self) -> UVMSpace:
@@ -920,6 +930,8 @@ class ChannelEngine:
       if self.stopped or self.group.state["dead"] is not None or not self.group.state["scheduled"]: continue
       try:
         self._drain()
+      except ChannelStopped:
+        return
       except GPUFault as fault:
         self._fault(fault)
       except Exception as error:  # noqa: BLE001 - an emulator bug must not look like a hang either
@@ -933,7 +945,6 @@ class ChannelEngine:
       self._entry(entry)
       self.get = (self.get + 1) % self.entries
       self.userd[USERD_GP_GET // 4] = self.get
-      if self.stopped: return
 
   def _entry(self, entry: int) -> None:
     low, high = entry & 0xFFFFFFFF, entry >> 32
@@ -971,6 +982,7 @@ class ChannelEngine:
       else: raise GPUFault(XID_PBDMA_ERROR, f"pushbuffer word {header:#010x}: unknown opcode {opcode}")
 
   def _method(self, subchannel: int, method: int, data: int) -> None:
+    if self.stopped: raise ChannelStopped()
     if method == classes.NVC86F_SET_OBJECT: return self._bind(subchannel, data & 0xFFFF)
     if method < 0x100: return self._host_method(method, data)
     cls = self.subchannels.get(subchannel)
@@ -1029,7 +1041,8 @@ class ChannelEngine:
     word = self.memory(address, 8 if wide else 4).view(np.uint64 if wide else np.uint32)
     bits = 64 if wide else 32
     self.position = f"semaphore acquire of {address:#x} for {payload}"
-    while not self.stopped and not _acquired(int(word[0]), payload, operation, bits):
+    while not _acquired(int(word[0]), payload, operation, bits):
+      if self.stopped: raise ChannelStopped()
       time.sleep(ACQUIRE_POLL_S)
 
   # ** compute

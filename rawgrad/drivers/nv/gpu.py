@@ -158,6 +158,12 @@ class NVGPU:
       self.kernel.close(fd)
     return address
 
+  def close(self) -> None:
+    """Let go of the GPU: closing the control fd frees every RM object of our client, closing UVM's fds our VA space;
+    then the arena's address space goes back."""
+    for fd in (self.memory.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
+    self.memory.arena.close()
+
   # ** time
 
   def time_ns(self) -> int:

@@ -28,9 +28,10 @@ from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_FIXED_NOREPLACE, M
 
 PAGE = 4096
 HUGE_PAGE = 2 << 20
-ARENA_BYTES = 1 << 39               # 512 GiB of address space per device
+ARENA_BYTES = 1 << 38               # 256 GiB of address space per device: all of an H100's memory, and pinned memory
 ARENA_CANDIDATES = tuple(range(0x10_0000_0000, 0x100_0000_0000 - ARENA_BYTES + 1, ARENA_BYTES // 4))
 SLAB_BYTES = 2 << 20
+_recycled_arenas: list[int] = []    # bases of arenas closed devices gave back
 SUBALLOCATION_ALIGNMENT = 256       # QMDs and constant banks need 256 bytes on Ampere; buffers like it too
 
 
@@ -48,6 +49,10 @@ class VirtualArena:
     self.lock = threading.Lock()
 
   def _reserve(self) -> int:
+    if _recycled_arenas:
+      base = _recycled_arenas.pop()
+      return self.kernel.mmap(base, ARENA_BYTES, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                              -1, 0)
     failures = []
     for candidate in ARENA_CANDIDATES:
       try:
@@ -68,6 +73,13 @@ class VirtualArena:
           return address
     raise MemoryError(f"the GPU address arena ({ARENA_BYTES >> 30} GiB at {self.base:#x}) has no free {nbytes:#x} "
                       f"bytes aligned to {alignment:#x}")
+
+  def close(self) -> None:
+    """Drop every mapping in the arena for zero pages, so what still points into it (a signal, a view) reads zeros
+    instead of crashing the process; the next arena of this process reuses the address space."""
+    self.kernel.mmap(self.base, ARENA_BYTES, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0)
+    _recycled_arenas.append(self.base)
 
   def release(self, address: int, nbytes: int) -> None:
     """Give the range back, reserved again for no one but us."""
@@ -221,7 +233,7 @@ class SlabHeap:
       weakref.finalize(block, self._collected, block.allocation, -1, block.allocation.nbytes)
       return block
     with self.lock:
-      self._reclaim()
+      self.reclaim()
       found = self._first_fit(size)
       if found is None:
         slab = self.make(SLAB_BYTES)
@@ -246,7 +258,8 @@ class SlabHeap:
     # the submission being made right now may still name the piece: wait for the one after it too
     self.pending.append((self.submitted() + 1, allocation, offset, size))
 
-  def _reclaim(self) -> None:
+  def reclaim(self) -> None:
+    """Take back the pieces the device is done with (alloc does this; callers hold the lock)."""
     done = self.completed()
     for _ in range(len(self.pending)):
       entry = self.pending.popleft()
