@@ -5,8 +5,15 @@ PYTHON ?= python3
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
+# the op suite (forward and backward), the jit and the runtime, again on SIM with kernels lowered for a GPU and run by
+# the interpreter: NVIDIA's sm_90, then AMD's gfx1100
+DEVICE_SUITE = tests/tensor_ops tests/test_tensor.py tests/test_jit.py tests/compiler/test_gradient.py \
+               tests/nn/test_modules.py tests/nn/test_optim.py tests/engine/test_realize.py tests/runtime/test_memory.py
+
 test: install
 	SPEC=1 $(PYTHON) -m pytest tests
+	DEVICE=SIM SIM_ARCH=sm_90 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
+	DEVICE=SIM SIM_ARCH=gfx1100 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
 
 lint: install
 	$(PYTHON) -m ruff check rawgrad tests tools

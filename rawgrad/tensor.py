@@ -194,6 +194,12 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop))
     return self
 
+  def to(self, device: str) -> Tensor:
+    """This tensor on another device (the same tensor when it is there already); the copy runs when realized."""
+    device = _canonical_device(device)
+    if device == self.device: return self
+    return Tensor(UOp(Ops.COPY, self.dtype, (self.uop, _device_node(device))), requires_grad=self.requires_grad)
+
   def clone(self) -> Tensor:
     """A copy with a buffer of its own (lazy, like everything else)."""
     return Tensor.empty(*self.shape, dtype=self.dtype, device=self.device).assign(self)

@@ -82,6 +82,10 @@ def _shrink_grad(ctx: UOp, ret: UOp) -> tuple[UOp]:
 
 LN2 = math.log(2)
 
+def _copy_to(value: UOp, device: str) -> UOp:
+  return UOp(Ops.COPY, value.dtype, (value, UOp(Ops.DEVICE, arg=device)))
+
+
 pm_gradient = PatternMatcher([
   # arithmetic
   (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
@@ -102,6 +106,8 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.CAST, name="ret"), lambda ctx, ret: (UOp(Ops.CAST, ret.src[0].dtype, (ctx,))
                                                  if dtypes.is_float(ret.src[0].dtype) else None,)),
   (UPat((Ops.CONTIGUOUS, Ops.REALIZE)), lambda ctx: (ctx,)),
+  # a copy's gradient is copied back to the device its source lives on
+  (UPat(Ops.COPY, name="ret"), lambda ctx, ret: (_copy_to(ctx, ret.src[0].device), None)),
   # the user asked for the gradient flowing back here to be a buffer: it is read many times by what comes next
   (UPat(Ops.CONTIGUOUS_BACKWARD), lambda ctx: (UOp(Ops.CONTIGUOUS, ctx.dtype, (ctx,)),)),
   # reductions

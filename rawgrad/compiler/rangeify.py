@@ -74,6 +74,9 @@ def mark_realizes(sink: UOp) -> dict[UOp, str]:
     if buffer_base(output) is None: realizes[output] = "output"
   for node in sink.toposort:
     if node.op is Ops.CONTIGUOUS: realizes[node] = "contiguous requested"
+    if node.op is Ops.COPY:
+      realizes[node] = f"copied to {node.src[1].arg}"
+      if buffer_base(node.src[0]) is None: realizes[node.src[0]] = f"it is copied to {node.src[1].arg}"
     if node.op is Ops.ASSIGN:
       realizes[node] = "assign"
       target, value = node.src
@@ -250,7 +253,7 @@ class Request:
 
 def source_requests(node: UOp, request: Request, axes: Iterator[int], memo: IndexMemo) -> list[tuple[UOp, Request]]:
   """The requests a node makes of its sources to produce its value at `request`."""
-  if node.op in LEAVES: return []
+  if node.op in LEAVES or node.op is Ops.COPY: return []  # a copy reads its source's whole buffer
   if node.op in GroupOp.Movement:
     idx, valid, _ = memo.through(node, request.idx, request.valid)
     return [(node.src[0], Request(idx, valid, request.scope))]
@@ -454,6 +457,10 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
                    prod(node.shape))
     buffers_of[node] = buffer
     if prod(node.shape) == 0: continue  # nothing to compute for an empty result
+    if node.op is Ops.COPY:
+      items.append(copy_item(node, buffer, buffers_of.get(node.src[0]) or buffer_base(node.src[0])))
+      roots.append(node)
+      continue
     builder = KernelBuilder(node, buffer, buffers_of, memo)
     ast = builder.build()
     if SPEC: verify_kernel(ast)
@@ -463,6 +470,13 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
     roots.append(node)
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
   return Schedule(order_for_assigns(items, roots), make_becomes_map(cleaned, buffers_of), realizes)
+
+
+def copy_item(node: UOp, dest: UOp, source: UOp) -> ScheduleItem:
+  """A COPY between devices (or within one): its AST names it, its buffers are the destination and the source."""
+  nbytes = prod(node.shape) * node.dtype.itemsize
+  name = f"copy_{nbytes}_{source.src[1].arg}_to_{dest.src[1].arg}"
+  return ScheduleItem(UOp(Ops.COPY, node.dtype, (), name), (dest, source), (), tuple(node.shape))
 
 
 def make_becomes_map(cleaned: dict[UOp, UOp], buffers_of: dict[UOp, UOp]) -> dict[UOp, UOp]:

@@ -40,10 +40,15 @@ class Target:
 
 # *** GPUs ***
 
+# GPUs have correctly rounded square roots and truncation; exp2, log2 and sin come from the shared math rules (their
+# hardware versions are approximations)
+_GPU_MATH = frozenset({"sqrt", "trunc"})
 _NV_COMMON = dict(kind="nv", triple="nvptx64-nvidia-cuda", vector_bytes=16, registers_per_thread=255, warp_size=32,
-                  max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096)
+                  max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096,
+                  native_math=_GPU_MATH)
 _AMD_COMMON = dict(kind="amd", triple="amdgcn-amd-amdhsa", vector_bytes=16, registers_per_thread=256,
-                   max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096)
+                   max_threads_per_block=1024, max_grid=(2**31 - 1, 65535, 65535), kernarg_bytes=4096,
+                   native_math=_GPU_MATH)
 
 GPU_TARGETS: dict[str, Target] = {
   # PTX ISA 8.0 is the first to know sm_90; 7.x covers Ampere and Ada
@@ -102,7 +107,7 @@ def host_target(isa: str | None = None) -> Target:
   l1, l2 = _cache_sizes()
   return Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
                 features=flattened, vector_bytes=vector_bytes, vector_registers=registers, l1_bytes=l1, l2_bytes=l2,
-                native_math=frozenset({"sqrt", "trunc"}))
+                native_math=frozenset({"sqrt", "trunc", "sin"}))
 
 
 def _cache_sizes() -> tuple[int, int]:

@@ -49,9 +49,11 @@ class Reloc:
 
 @dataclass(frozen=True)
 class ElfImage:
+  """Allocatable sections laid out in one image (offsets from its start), with what is needed to relocate it."""
   machine: str                # e_machine, "EM_X86_64" or "EM_AARCH64"
   data: bytes                 # sections at their image offsets, .bss zeroed; GOT and stubs are filled by relocate
   functions: dict[str, int]   # global function name -> image offset
+  objects: dict[str, int]     # global data symbol name -> image offset (an AMD kernel descriptor, say)
   relocs: tuple[Reloc, ...]
   got: dict[SymRef, int]      # symbol -> offset of its GOT slot
   stubs: dict[str, int]       # external function -> offset of the stub that jumps to it
@@ -179,7 +181,26 @@ AARCH64 = Arch(
   got_slot_has_addend=True,
 )
 
-ARCHES: dict[str, Arch] = {"EM_X86_64": X86_64, "EM_AARCH64": AARCH64}
+def _no_stub(addr: int) -> bytes:
+  raise RelocationError(f"a GPU code object cannot call outside itself (to {addr:#x})")
+
+
+# AMD GPU code objects: the kernel descriptor points at its code with a 64-bit self-relative offset
+AMDGPU = Arch(
+  relocs={
+    3: ("R_AMDGPU_ABS64", _S_A, _put_u64),
+    4: ("R_AMDGPU_REL32", _S_A_P, _put_s32),
+    5: ("R_AMDGPU_REL64", _S_A_P, _put_u64),
+    6: ("R_AMDGPU_ABS32", _S_A, _put_u32),
+  },
+  call_relocs=frozenset(),
+  got_relocs=frozenset(),
+  stub=_no_stub,
+  stub_size=16,
+  got_slot_has_addend=False,
+)
+
+ARCHES: dict[str, Arch] = {"EM_X86_64": X86_64, "EM_AARCH64": AARCH64, "EM_AMDGPU": AMDGPU}
 
 
 # *** loading
@@ -249,12 +270,13 @@ def _symref(sym: Symbol, offsets: dict[int, int]) -> SymRef:
   return SymRef(sym.name, offsets[shndx] + sym["st_value"])
 
 
-def _functions(elf: ELFFile, offsets: dict[int, int]) -> dict[str, int]:
+def _symbols(elf: ELFFile, offsets: dict[int, int], kind: str) -> dict[str, int]:
+  """Global symbols of a type (STT_FUNC, STT_OBJECT) in the image, by name."""
   symtab = elf.get_section_by_name(".symtab")
   if not isinstance(symtab, SymbolTableSection):
     return {}
   return {s.name: offsets[s["st_shndx"]] + s["st_value"] for s in symtab.iter_symbols()
-          if s["st_info"]["type"] == "STT_FUNC" and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] in offsets}
+          if s["st_info"]["type"] == kind and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] in offsets}
 
 
 def _contents(elf: ELFFile, size: int, offsets: dict[int, int]) -> bytes:
@@ -297,8 +319,8 @@ def load_elf(obj: bytes) -> ElfImage:
   relocs = tuple(Reloc(offsets[r.section] + r.offset, r.type, _symref(r.sym, offsets), r.addend, r.section_name)
                  for r in raws)
   got = {_symref(got_syms[i], offsets): off for i, off in got_at.items()}
-  return ElfImage(elf["e_machine"], _contents(elf, size, offsets), _functions(elf, offsets), relocs, got, stubs,
-                  exec_size)
+  return ElfImage(elf["e_machine"], _contents(elf, size, offsets), _symbols(elf, offsets, "STT_FUNC"),
+                  _symbols(elf, offsets, "STT_OBJECT"), relocs, got, stubs, exec_size)
 
 
 # *** relocation
@@ -348,3 +370,40 @@ def find_process_symbol(name: str) -> int:
       continue
     return int(ctypes.cast(fn, ctypes.c_void_p).value)
   raise LookupError(f"undefined symbol {name!r} is in neither the process, libm nor libgcc_s")
+
+
+# *** AMD GPU code objects
+
+@dataclass(frozen=True)
+class AMDKernel:
+  """A kernel of an AMD code object, laid out and relocated: the image to upload, where its kernel descriptor and its
+  code start, and the descriptor's facts a dispatch packet needs (from the AMDGPU kernel descriptor layout)."""
+  name: str
+  image: bytes
+  descriptor_offset: int         # the dispatch packet's kernel_object points here
+  code_offset: int
+  group_segment_size: int        # LDS (shared memory) bytes
+  private_segment_size: int      # scratch bytes per work-item
+  kernarg_size: int
+  rsrc1: int
+  rsrc2: int
+  rsrc3: int
+  properties: int
+
+
+def load_amd_kernel(obj: bytes, name: str) -> AMDKernel:
+  """Lay out an AMD code object (a relocatable ELF from LLVM), apply its relocations (all relative, so the image is
+  position independent) and read the kernel descriptor `name.kd`."""
+  image = load_elf(obj)
+  if image.machine != "EM_AMDGPU": raise ValueError(f"{name}: expected an AMDGPU code object, got {image.machine}")
+  if f"{name}.kd" not in image.objects:
+    raise KeyError(f"the code object has no kernel descriptor {name}.kd (it has {sorted(image.objects)})")
+  data = relocate(image, 0, lambda symbol: _no_stub(0))
+  at = image.objects[f"{name}.kd"]
+  group, private, kernarg = struct.unpack_from("<III", data, at)
+  (entry,) = struct.unpack_from("<q", data, at + 16)
+  rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", data, at + 44)
+  (properties,) = struct.unpack_from("<H", data, at + 56)
+  if at + entry != image.functions.get(name, at + entry):
+    raise RelocationError(f"{name}.kd points at {at + entry:#x}, but {name} starts at {image.functions[name]:#x}")
+  return AMDKernel(name, data, at, at + entry, group, private, kernarg, rsrc1, rsrc2, rsrc3, properties)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Callable
 
 import numpy as np
@@ -210,7 +211,9 @@ class _Execution:
     if source.op is Ops.DEFINE_REG: return self.registers[source]
     pointer: _Pointer = self.value(source)
     where, mask = self._addresses(pointer, node.dtype.count)
-    loaded = pointer.array[where]
+    # an empty buffer can only be read where the gate is false everywhere (_addresses checked): nothing to gather
+    array = pointer.array if pointer.array.shape[-1] else np.zeros(pointer.array.shape[:-1] + (1,), pointer.array.dtype)
+    loaded = array[where]
     if mask is not None: loaded = np.where(mask, loaded, np.zeros((), loaded.dtype))
     return from_memory(loaded, node.dtype)
 
@@ -286,9 +289,10 @@ def alu(op: Ops, dtype: DType, operands: list[Any], sources: tuple[UOp, ...]) ->
   b = operands[1]
   if op is Ops.MULACC:
     c = operands[2]
-    # one rounding: float32 products are exact in float64
+    # one rounding: float32 products are exact in float64 (and a float32 sum that is exact stays exact there)
     if is_float and source_dtype.scalar != dtypes.float64:
       return _finish(np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64), dtype)
+    if is_float: return _finish(_fma64(a, b, c), dtype)
     return _finish(a * b + c, dtype)
   if op is Ops.CMPLT: return np.asarray(a < b)[()]
   if op is Ops.CMPNE: return np.asarray(a != b)[()]
@@ -309,13 +313,53 @@ def alu(op: Ops, dtype: DType, operands: list[Any], sources: tuple[UOp, ...]) ->
   return _finish(function(a, b), dtype)
 
 
+def _exact_fma(a: float, b: float, c: float) -> float:
+  if not (math.isfinite(a) and math.isfinite(b) and math.isfinite(c)): return a * b + c
+  return float(Fraction(a) * Fraction(b) + Fraction(c))  # rounded once, to nearest even
+
+
+_fma64_elements = np.frompyfunc(_exact_fma, 3, 1)
+
+
+def _fma64(a: Any, b: Any, c: Any) -> np.ndarray:
+  """a*b + c in float64 with one rounding, as the hardware's fused multiply-add. Error-free transformations (Dekker's
+  product, Knuth's sum) give the exact value as s + u + v with |v| tiny; s + u rounds to the correctly rounded result
+  unless it lies (almost) exactly between two doubles, where v decides. Those, and anything near overflow or
+  underflow, go through exact fractions."""
+  a, b, c = np.broadcast_arrays(*(np.asarray(v, np.float64) for v in (a, b, c)))
+  product = a * b
+  split_a, split_b = a * 134217729.0, b * 134217729.0  # Veltkamp: 2^27 + 1
+  a_high = split_a - (split_a - a)
+  b_high = split_b - (split_b - b)
+  a_low, b_low = a - a_high, b - b_high
+  product_error = ((a_high * b_high - product) + a_high * b_low + a_low * b_high) + a_low * b_low
+  total = product + c
+  back = total - product
+  sum_error = (product - (total - back)) + (c - back)
+  u = sum_error + product_error
+  u_back = u - sum_error
+  v = (sum_error - (u - u_back)) + (product_error - u_back)
+  result = np.asarray(total + u)
+  residual = np.abs((total - result) + u)  # what rounding total + u dropped: half an ulp at a tie (a quarter of
+  spacing = np.spacing(np.abs(result))       # the spacing above, just below a power of two)
+  near_tie = (v != 0) & ((residual == spacing * 0.5) | (residual == spacing * 0.25))
+  magnitude = np.abs(product)
+  safe = (np.abs(a) < 2.0 ** 990) & (np.abs(b) < 2.0 ** 990) & (np.abs(c) < 2.0 ** 1000) & ~near_tie & \
+    ((a == 0) | (b == 0) | ((magnitude > 2.0 ** -960) & (magnitude < 2.0 ** 960)))
+  if not safe.all():
+    slow = ~safe
+    result = result.copy()
+    result[slow] = _fma64_elements(a[slow], b[slow], c[slow]).astype(np.float64)
+  return result
+
+
 def _truncating(op: Ops, a: Any, b: Any) -> Any:
   """C's integer division and remainder (toward zero); division by zero gives 0 (it is undefined)."""
   a, b = np.asarray(a), np.asarray(b)
   safe = np.where(b == 0, np.ones((), b.dtype), b)
-  quotient = a // safe
+  quotient = a // safe  # floors: one less than truncating where the signs differ and something remains
   remainder = a - quotient * safe
-  fix = (remainder != 0) & ((remainder < 0) != (safe < 0))
+  fix = (remainder != 0) & ((a < 0) != (safe < 0))
   quotient = np.where(fix, quotient + 1, quotient)
   if op is Ops.IDIV: return np.where(b == 0, np.zeros((), quotient.dtype), quotient)
   return np.where(b == 0, np.zeros((), a.dtype), a - quotient * safe)

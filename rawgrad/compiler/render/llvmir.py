@@ -7,7 +7,6 @@ addrspace 5), in the grid and thread indices (SPECIAL) and in the block barrier.
 """
 from __future__ import annotations
 
-import math
 import re
 import struct
 
@@ -468,97 +467,10 @@ class _FunctionWriter:
     self.define(node, f"fdiv {t} {llvm_constant(1.0, node.dtype)}, {self.value(node.src[0])}")
 
   def unary_intrinsic(self, node: UOp) -> None:
+    """A function the target computes itself (see Target.native_math; the math rules expand the others)."""
     t = llvm_type(node.dtype)
-    if node.op in (Ops.EXP2, Ops.LOG2) and node.dtype.count > 1 and node.dtype.scalar in (dtypes.float32,
-                                                                                           dtypes.float16):
-      self.names[node] = (self.vector_exp2 if node.op is Ops.EXP2 else self.vector_log2)(node)
-      return
     function = self.intrinsic(_UNARY_INTRINSICS[node.op], node.dtype, 1)
     self.define(node, f"call {t} {function}({t} {self.value(node.src[0])})")
-
-  # *** exp2 and log2 of whole vectors ***
-  # LLVM would call libm once per lane. These compute in double precision (errors below 1e-13) and round once to
-  # the result type, so they agree with a correctly rounded function except in the rarest near-ties.
-
-  def vector_exp2(self, node: UOp) -> str:
-    """2^x = 2^n * 2^f with n = round(x), |f| <= 1/2: a Taylor polynomial for 2^f, the exponent bits for 2^n."""
-    x, count = self.value(node.src[0]), node.dtype.count
-    t, d, i = llvm_type(node.dtype), f"<{count} x double>", f"<{count} x i64>"
-    wide = self.double_of(x, node.dtype)
-    # |x| > 160 over- or underflows every narrower type; the clamp keeps 2^n a normal double (nan stays nan)
-    low = self.emit_value(f"fcmp olt {d} {wide}, {self.splat_double(-160.0, count)}")
-    wide = self.emit_value(f"select <{count} x i1> {low}, {d} {self.splat_double(-160.0, count)}, {d} {wide}")
-    high = self.emit_value(f"fcmp ogt {d} {wide}, {self.splat_double(160.0, count)}")
-    wide = self.emit_value(f"select <{count} x i1> {high}, {d} {self.splat_double(160.0, count)}, {d} {wide}")
-    rounded = self.emit_value(f"call {d} {self.intrinsic('roundeven', dtypes.float64.vec(count), 1)}({d} {wide})")
-    fraction = self.emit_value(f"fsub {d} {wide}, {rounded}")
-    polynomial = self.horner([math.log(2) ** k / math.factorial(k) for k in range(12)], fraction, count)
-    integer = self.emit_value(f"fptosi {d} {rounded} to {i}")
-    biased = self.emit_value(f"add {i} {integer}, {self.splat_integer(1023, count)}")
-    bits = self.emit_value(f"shl {i} {biased}, {self.splat_integer(52, count)}")
-    scale = self.emit_value(f"bitcast {i} {bits} to {d}")
-    result = self.emit_value(f"fmul {d} {polynomial}, {scale}")
-    narrow = self.emit_value(f"fptrunc {d} {result} to {t}")
-    is_nan = self.emit_value(f"fcmp uno {t} {x}, {x}")
-    return self.emit_value(f"select <{count} x i1> {is_nan}, {t} {x}, {t} {narrow}")
-
-  def vector_log2(self, node: UOp) -> str:
-    """log2(x) = e + ln(m)/ln(2) with x = m * 2^e, sqrt(1/2) <= m < sqrt(2), and ln(m) = 2*atanh(s) as a series in
-    s = (m-1)/(m+1). Zero, negative, infinite and nan inputs are set apart at the end."""
-    x, count = self.value(node.src[0]), node.dtype.count
-    t, d, i = llvm_type(node.dtype), f"<{count} x double>", f"<{count} x i64>"
-    wide = self.double_of(x, node.dtype)  # float32 subnormals are normal doubles
-    bits = self.emit_value(f"bitcast {d} {wide} to {i}")
-    shifted = self.emit_value(f"lshr {i} {bits}, {self.splat_integer(52, count)}")
-    exponent_bits = self.emit_value(f"and {i} {shifted}, {self.splat_integer(2047, count)}")
-    exponent = self.emit_value(f"sub {i} {exponent_bits}, {self.splat_integer(1023, count)}")
-    mantissa_bits = self.emit_value(f"and {i} {bits}, {self.splat_integer((1 << 52) - 1, count)}")
-    one_bits = self.emit_value(f"or {i} {mantissa_bits}, {self.splat_integer(1023 << 52, count)}")
-    mantissa = self.emit_value(f"bitcast {i} {one_bits} to {d}")
-    big = self.emit_value(f"fcmp ogt {d} {mantissa}, {self.splat_double(math.sqrt(2), count)}")
-    halved = self.emit_value(f"fmul {d} {mantissa}, {self.splat_double(0.5, count)}")
-    mantissa = self.emit_value(f"select <{count} x i1> {big}, {d} {halved}, {d} {mantissa}")
-    bumped = self.emit_value(f"add {i} {exponent}, {self.splat_integer(1, count)}")
-    exponent = self.emit_value(f"select <{count} x i1> {big}, {i} {bumped}, {i} {exponent}")
-    above = self.emit_value(f"fsub {d} {mantissa}, {self.splat_double(1.0, count)}")
-    below = self.emit_value(f"fadd {d} {mantissa}, {self.splat_double(1.0, count)}")
-    ratio = self.emit_value(f"fdiv {d} {above}, {below}")
-    square = self.emit_value(f"fmul {d} {ratio}, {ratio}")
-    series = self.horner([2 / ((2 * k + 1) * math.log(2)) for k in range(10)], square, count)
-    logarithm = self.emit_value(f"fmul {d} {series}, {ratio}")
-    exponent_value = self.emit_value(f"sitofp {i} {exponent} to {d}")
-    result = self.emit_value(f"fadd {d} {exponent_value}, {logarithm}")
-    narrow = self.emit_value(f"fptrunc {d} {result} to {t}")
-    zero, infinity = llvm_constant(0.0, node.dtype), llvm_constant(math.inf, node.dtype)
-    cases = [("fcmp oeq", zero, llvm_constant(-math.inf, node.dtype)), ("fcmp olt", zero, llvm_constant(math.nan,
-             node.dtype)), ("fcmp oeq", infinity, infinity), ("fcmp uno", x, x)]
-    for compare, against, value in cases:
-      hit = self.emit_value(f"{compare} {t} {x}, {against}")
-      narrow = self.emit_value(f"select <{count} x i1> {hit}, {t} {value if value != x else x}, {t} {narrow}")
-    return narrow
-
-  def horner(self, coefficients: list[float], x: str, count: int) -> str:
-    """sum(coefficients[k] * x^k) by Horner's rule with fused multiply-adds, in double precision."""
-    d = f"<{count} x double>"
-    fma = self.intrinsic("fma", dtypes.float64.vec(count), 3)
-    result = self.splat_double(coefficients[-1], count)
-    for coefficient in reversed(coefficients[:-1]):
-      result = self.emit_value(f"call {d} {fma}({d} {result}, {d} {x}, {d} {self.splat_double(coefficient, count)})")
-    return result
-
-  def double_of(self, value: str, dtype: DType) -> str:
-    return self.emit_value(f"fpext {llvm_type(dtype)} {value} to <{dtype.count} x double>")
-
-  def splat_double(self, value: float, count: int) -> str:
-    return llvm_constant(value, dtypes.float64.vec(count))
-
-  def splat_integer(self, value: int, count: int) -> str:
-    return llvm_constant(value, dtypes.int64.vec(count))
-
-  def emit_value(self, text: str) -> str:
-    name = self.fresh("m")
-    self.emit(f"{name} = {text}")
-    return name
 
   def intrinsic(self, base: str, dtype: DType, arity: int) -> str:
     t = llvm_type(dtype)

@@ -1,0 +1,150 @@
+"""GPU lowering: THREADS and BLOCK_REDUCE, grid mapping, the GPU heuristics, and GPU programs run by the interpreter
+against numpy (on random shapes, including sizes the block does not divide)."""
+import ctypes
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rawgrad import Tensor
+from rawgrad.compiler.codegen.gpu import map_to_gpu
+from rawgrad.compiler.codegen.lower import PASSES, lower_kernel
+from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opts, loop_axes
+from rawgrad.compiler.ir import Ops
+from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.compiler.spec import SpecError
+from rawgrad.compiler.symbolic import evaluate
+from rawgrad.compiler.target import gpu_target, host_target, with_features
+from rawgrad.engine.realize import run_schedule
+from rawgrad.helpers import Context
+from rawgrad.runtime.device import buffer_for
+from rawgrad.runtime.interpreter import kernel_parameters, run_program
+
+THREADS, BLOCK_REDUCE = OptOps.THREADS, OptOps.BLOCK_REDUCE
+
+
+def host_memory(address: int, nbytes: int) -> np.ndarray:
+  return np.ctypeslib.as_array((ctypes.c_uint8 * max(nbytes, 1)).from_address(address))[:nbytes]
+
+
+def last_item(tensor: Tensor):
+  items = create_schedule([tensor.uop]).items
+  run_schedule(items[:-1])
+  return items[-1]
+
+
+def run_on(tensor: Tensor, arch: str, opts: list[Opt] | None = None) -> np.ndarray:
+  """The tensor's last kernel lowered for a GPU and run by the interpreter over host memory."""
+  item = last_item(tensor)
+  lowered = lower_kernel(item.ast, opts, gpu_target(arch))
+  buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
+  params, variables = kernel_parameters(lowered.program)
+  values = dict(item.var_values)
+  args = [buffers[p.arg].address for p in params] + [values[v] for v in variables]
+  grid = tuple(int(evaluate(s, values)) for s in lowered.global_size)
+  block = tuple(int(evaluate(s, values)) for s in lowered.local_size)
+  run_program(lowered.program, grid, block, args, host_memory)
+  return buffers[0].numpy().reshape(tensor.shape)
+
+
+def rand(*shape: int, seed: int = 0) -> np.ndarray:
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx942"])
+def test_default_opts_match_numpy(arch: str) -> None:
+  a, b = rand(33, 20), rand(20, 7, seed=1)
+  np.testing.assert_allclose(run_on((Tensor(a) @ Tensor(b)).relu(), arch), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(run_on(Tensor(rand(5000)).sum(), arch), rand(5000).sum(), rtol=1e-4)
+  np.testing.assert_allclose(run_on(Tensor(a).max(0), arch), a.max(0))
+  np.testing.assert_allclose(run_on(Tensor(a).exp().sum(1), arch), np.exp(a).sum(1), rtol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(2, 70), cols=st.integers(2, 70), threads=st.sampled_from([1, 2, 3, 32, 64]),
+       reduce_threads=st.sampled_from([2, 5, 16]), arch=st.sampled_from(["sm_90", "gfx1100"]))
+def test_random_thread_splits_match_numpy(rows: int, cols: int, threads: int, reduce_threads: int, arch: str) -> None:
+  x = rand(rows, cols, seed=rows * 100 + cols)
+  np.testing.assert_allclose(run_on(Tensor(x) * 2 + 1, arch, [Opt(THREADS, 1, threads)]), x * 2 + 1, rtol=1e-6)
+  # THREADS may use up the output loop: the reduce loop is the last one either way
+  loops = loop_axes(apply_opts(last_item(Tensor(x).sum(1)).ast, [Opt(THREADS, 0, threads)]))
+  opts = [Opt(THREADS, 0, threads), Opt(BLOCK_REDUCE, len(loops) - 1, reduce_threads)]
+  summed = run_on(Tensor(x).sum(1), arch, opts)
+  np.testing.assert_allclose(summed, x.sum(1), rtol=1e-5, atol=1e-5)
+
+
+def test_block_reduce_uses_shared_memory_a_barrier_and_one_storing_lane() -> None:
+  item = last_item(Tensor(rand(1000)).sum())
+  program = lower_kernel(item.ast, [Opt(BLOCK_REDUCE, 0, 64)], gpu_target("sm_90")).program
+  locals_ = [u for u in program if u.op is Ops.DEFINE_LOCAL]
+  assert len(locals_) == 1 and locals_[0].dtype.size == 64 and locals_[0].dtype.local
+  assert sum(1 for u in program if u.op is Ops.BARRIER) == 1
+  stores = [u for u in program if u.op is Ops.STORE and u.src[0].op is Ops.INDEX and
+            u.src[0].src[0].op is Ops.DEFINE_GLOBAL]
+  assert len(stores) == 1 and len(stores[0].src[0].src) == 3, "the output store is gated to lane 0"
+
+
+def test_block_reduce_refuses_what_it_cannot_do() -> None:
+  ast = last_item(Tensor(rand(8, 8)).sum(1)).ast
+  with pytest.raises(OptError, match="not a reduce loop"): apply_opts(ast, [Opt(BLOCK_REDUCE, 0, 4)])
+  with pytest.raises(OptError, match="fewer than 2 threads"): apply_opts(ast, [Opt(BLOCK_REDUCE, 1, 1)])
+  with pytest.raises(OptError, match="cores or on GPU threads"):
+    apply_opts(ast, [Opt(OptOps.PARALLEL, 0), Opt(BLOCK_REDUCE, 1, 4)])
+
+
+def test_grid_folds_extra_loops_and_blocks_respect_the_limit() -> None:
+  item = last_item(Tensor(rand(3, 4, 5, 6)) + 1)
+  mapped = map_to_gpu(apply_opts(item.ast, []), gpu_target("sm_90"))
+  names = sorted(u.arg for u in mapped.toposort if u.op is Ops.SPECIAL)
+  assert names == ["gidx0", "gidx1", "gidx2"]
+  sizes = {u.arg: u.src[0].arg for u in mapped.toposort if u.op is Ops.SPECIAL}
+  assert sizes == {"gidx0": 6, "gidx1": 5, "gidx2": 12}
+  np.testing.assert_allclose(run_on(Tensor(rand(3, 4, 5, 6, seed=3)) + 1, "sm_90", []), rand(3, 4, 5, 6, seed=3) + 1)
+  big = last_item(Tensor(rand(64, 64)) + 1).ast
+  with pytest.raises(OptError, match="32 x 64 threads is more than sm_90.s 1024"):
+    lower_kernel(big, [Opt(THREADS, 1, 32), Opt(THREADS, 0, 64)], gpu_target("sm_90"))
+
+
+def test_heuristics_follow_each_targets_numbers() -> None:
+  """The same matmul: vector widths and register files decide the CPU opts, warp sizes the GPU ones."""
+  ast = last_item(Tensor(rand(256, 256)) @ Tensor(rand(256, 256, seed=1))).ast
+  base = host_target()
+  avx512 = with_features(base, vector_bytes=64, vector_registers=32)
+  avx2 = with_features(base, vector_bytes=32, vector_registers=16)
+  choices = {name: hand_coded_opts(ast, target) for name, target in
+             {"avx512": avx512, "avx2": avx2, "sm_90": gpu_target("sm_90"), "gfx942": gpu_target("gfx942")}.items()}
+  upcast = {name: next(o.amount for o in opts if o.op is OptOps.UPCAST) for name, opts in choices.items()
+            if name.startswith("avx")}
+  assert upcast == {"avx512": 16, "avx2": 8}  # one machine vector of floats
+  unrolled = {name: max(o.amount for o in opts if o.op is OptOps.UNROLL) for name, opts in choices.items()
+              if name.startswith("avx")}
+  assert unrolled["avx2"] < unrolled["avx512"]  # half the registers hold half the accumulators
+  threads = {name: [o.amount for o in opts if o.op is THREADS] for name, opts in choices.items()
+             if not name.startswith("avx")}
+  assert threads["sm_90"] != threads["gfx942"] and all(threads.values())
+  assert all(o.op is THREADS for name in ("sm_90", "gfx942") for o in choices[name])
+
+
+def test_debug_5_prints_a_readable_program_for_each_target(capsys: pytest.CaptureFixture) -> None:
+  ast = last_item(Tensor(rand(16, 8)) @ Tensor(rand(8, 4, seed=1))).ast
+  for target in (host_target(), gpu_target("sm_90"), gpu_target("gfx1100")):
+    with Context(DEBUG=5): lower_kernel(ast, None, target)
+    printed = capsys.readouterr().out
+    assert f"program {ast.arg} for {target.arch}" in printed and "MULACC" in printed and "STORE" in printed
+    assert ("SPECIAL" in printed) == target.is_gpu
+
+
+def test_spec_catches_a_malformed_kernel_between_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+  ast = last_item(Tensor(rand(16)) + 1).ast
+
+  def break_the_index(kernel, target, opts):
+    store = kernel.src[0]
+    index = store.src[0]
+    bad = index.replace(src=(index.src[0], index.src[1].cast(__import__("rawgrad").dtypes.float32)))
+    return kernel.replace(src=(store.replace(src=(bad, store.src[1])),))
+  planted = [(name, break_the_index if name == "expand_math" else run, gone) for name, run, gone in PASSES]
+  monkeypatch.setattr("rawgrad.compiler.codegen.lower.PASSES", planted)
+  with Context(SPEC=1), pytest.raises(SpecError, match="after expand_math.*index has dtype dtypes.float32"):
+    lower_kernel(ast, [], gpu_target("sm_90"))
