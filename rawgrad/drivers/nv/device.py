@@ -65,7 +65,8 @@ class NVProgram:
     self.memory = device.video_heap.alloc(len(code) + CODE_PREFETCH_BYTES)
     device.copyin(DeviceMemory(self.memory.address, len(code), None, self.memory), memoryview(code))
     self.address = self.memory.address + self.facts.entry
-    if program_text is not None: device.kernel.register_program(code, program_text, self.facts)
+    if program_text is not None:   # an emulated GPU runs this program when a QMD names the entry point
+      device.kernel.register_program(self.address, code[self.facts.entry:], program_text, self.facts)
     device.ensure_local_memory(self.facts.frame_bytes)
 
   def __repr__(self) -> str:

@@ -17,11 +17,15 @@ The GPU: one thread per channel, woken by the doorbell (the channel's token writ
 reads GPPut from USERD, decodes GPFIFO entries and pushbuffer methods from memory, and runs them: host semaphores
 (release with the GPU clock at +8, acquires that poll memory), memory barriers, copy-engine copies and semaphores,
 and compute launches. A launch reads the QMD, checks it (version, sizes, constant bank 0 as the driver must fill it)
-and runs the kernel with the GPU program interpreter: the machine code cannot run here, so the program is found by
-the SHA-256 of the code bytes at the QMD's program address, registered by the driver when it loaded the kernel (the
-compiler carries the linear program after the cubin). A fault (a bad method, an unaligned semaphore, a bad QMD, an
-access to unmapped memory) stops the channel group and writes the error notifier as RM does after a robust-channel
-error; the details go to the log and to `EmulatedKernel.faults`.
+and runs the kernel with the GPU program interpreter: the machine code cannot run here, so the program is found from
+the code bytes at the QMD's program address, registered by the driver when it loaded the kernel (the compiler
+carries the linear program after the cubin): by where the driver placed them, checked against their SHA-256, else by
+the SHA-256 alone. (The hash alone is ambiguous: kernels that differ only in their buffers' sizes, such as an add of 2
+and one of 4 elements without bounds checks, assemble to the same machine code.)
+
+A fault (a bad method, an unaligned semaphore, a bad QMD, an access to unmapped memory) stops the channel group and
+writes the error notifier as RM does after a robust-channel error; the details go to the log and to
+`EmulatedKernel.faults`.
 """
 from __future__ import annotations
 
@@ -105,19 +109,28 @@ class RegisteredProgram:
   facts: Any      # the cubin's KernelFacts (registers, parameters, shared memory) the QMD is checked against
 
 
-PROGRAMS: dict[bytes, RegisteredProgram] = {}
+PROGRAMS: dict[bytes, RegisteredProgram] = {}     # SHA-256 of the code -> the first program registered with it
 _programs_lock = threading.Lock()
 
 
-def register_program(code: bytes, program_text: str, facts: Any) -> None:
-  """Remember the linear program behind these code bytes (the driver calls this as it loads a kernel)."""
+def register_program(code: bytes, program_text: str, facts: Any) -> tuple[bytes, RegisteredProgram]:
+  """Remember the linear program behind these code bytes; returns the code's digest and the entry."""
   digest = hashlib.sha256(code).digest()
-  with _programs_lock:
-    if digest not in PROGRAMS: PROGRAMS[digest] = RegisteredProgram(deserialize_program(program_text), len(code), facts)
+  entry = RegisteredProgram(deserialize_program(program_text), len(code), facts)
+  with _programs_lock: PROGRAMS.setdefault(digest, entry)
+  return digest, entry
 
 
-def find_program(read: Callable[[int], bytes]) -> RegisteredProgram | None:
-  """The registered program whose code is at an address (`read(n)` gives the n bytes there)."""
+def find_program(read: Callable[[int], bytes], placed: tuple[bytes, RegisteredProgram] | None = None
+                 ) -> RegisteredProgram | None:
+  """The program whose code is at an address (`read(n)` gives the n bytes there): the one placed there if the bytes
+  still hash to it, else any registered with those bytes."""
+  if placed is not None:
+    digest, entry = placed
+    try:
+      if hashlib.sha256(read(entry.code_bytes)).digest() == digest: return entry
+    except GPUFault:
+      pass
   with _programs_lock:
     lengths = sorted({entry.code_bytes for entry in PROGRAMS.values()})
   for length in lengths:
@@ -260,6 +273,7 @@ class EmulatedKernel(KernelInterface):
     self.channels: dict[int, ChannelEngine] = {}       # work-submit token -> channel
     self.video_bytes = 0
     self.faults: list[str] = []
+    self.placed: dict[int, tuple[bytes, RegisteredProgram]] = {}   # GPU address -> the code the driver put there
     self.lock = threading.RLock()
 
   # ** files
@@ -323,8 +337,8 @@ class EmulatedKernel(KernelInterface):
       if page <= address < page + nbytes and address - page == DOORBELL:
         self._doorbell(value)
 
-  def register_program(self, code: bytes, program_text: str, facts: object) -> None:
-    register_program(code, program_text, facts)
+  def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
+    self.placed[address] = register_program(code, program_text, facts)
 
   # ** ioctl
 
@@ -1068,7 +1082,8 @@ class ChannelEngine:
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     if not 0 < threads <= 1024 or 0 in launch.grid:
       raise GPUFault(XID_GR_EXCEPTION, f"a launch of grid {launch.grid} of blocks {launch.block}")
-    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes())
+    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes(),
+                         self.kernel.placed.get(launch.program_address))
     if found is None:
       raise GPUFault(XID_GR_EXCEPTION, f"no kernel the driver registered has its code at {launch.program_address:#x} "
                                        "(an illegal instruction on hardware)")
@@ -1147,7 +1162,10 @@ class ChannelEngine:
   # ** faults
 
   def _fault(self, fault: GPUFault) -> None:
-    """What RM does after a robust-channel error: the channel group stops, its notifiers say why."""
+    """What RM does after a robust-channel error: the channel group stops, its notifiers say why (written last: the
+    host may act on them at once)."""
+    self.kernel.record_fault(f"channel {self.channel.handle:#x} (token {self.token}), Xid {fault.xid}, at "
+                             f"{self.position}: {fault}")
     engine = ENGINE_COPY0 if self.channel.state.get("engines") == [COPY_CLASS] else ENGINE_GR0
     self.group.state["dead"] = fault.xid
     for notifier in (self.notifier, self.group.state["error"]):
@@ -1156,8 +1174,6 @@ class ChannelEngine:
       record = rm.NvNotification(info32=fault.xid, info16=engine, status=0xFFFF)
       record.timeStamp.nanoseconds[0], record.timeStamp.nanoseconds[1] = now >> 32, now & 0xFFFFFFFF
       ctypes.memmove(notifier.backing.address, bytes(record), ctypes.sizeof(record))
-    self.kernel.record_fault(f"channel {self.channel.handle:#x} (token {self.token}), Xid {fault.xid}, at "
-                             f"{self.position}: {fault}")
 
 
 ACQUIRES = (classes.NVC56F_SEM_EXECUTE_OPERATION_ACQUIRE, classes.NVC56F_SEM_EXECUTE_OPERATION_ACQ_STRICT_GEQ,
