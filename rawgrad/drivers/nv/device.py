@@ -20,7 +20,7 @@ from rawgrad.compiler.target import gpu_target
 from rawgrad.drivers.nv.channel import (SUBCHANNEL_COMPUTE, SUBCHANNEL_COPY, Channel, ChannelGroup, Pushbuffer,
                                         xid_name)
 from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
-from rawgrad.drivers.nv.gpu import NVGPU
+from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
 from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
 from rawgrad.drivers.nv.qmd import (CONSTANT_BANK_ALIGNMENT, QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
                                     qmd_format, set_field)
@@ -155,7 +155,7 @@ class NVDevice(HCQDevice):
     self.synchronize(SETUP_TIMEOUT_S)
 
   @property
-  def info(self):  # noqa: ANN201 - GPUInfo
+  def info(self) -> GPUInfo:
     return self.gpu.info
 
   def close(self, timeout_s: float = 5.0) -> None:

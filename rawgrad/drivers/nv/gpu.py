@@ -7,13 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from rawgrad.autogen.nv import nv_classes as classes
 from rawgrad.autogen.nv import nv_rm as rm
 from rawgrad.drivers.nv.memory import GPUMemory
 from rawgrad.drivers.nv.rm import UVM, RMClient, RMError, check_driver_version, class_name, escape_request
-from rawgrad.drivers.os import MAP_FIXED, MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface, host_view
+from rawgrad.drivers.os import MAP_FIXED, MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface
 
 CONTROL_PATH = "/dev/nvidiactl"
 USERMODE_BYTES = 0x10000
@@ -185,8 +184,6 @@ class NVGPU:
   def doorbell(self, token: int) -> None:
     self.kernel.write32(self.usermode + classes.NVC361_NOTIFY_CHANNEL_PENDING, token)
 
-  def view(self, address: int, nbytes: int) -> np.ndarray:
-    return host_view(address, nbytes)
 
 
 def _first_listed(kind: str, wanted: tuple[int, ...], available: set[int]) -> int:
