@@ -135,6 +135,13 @@ class NVDevice(HCQDevice):
     index = int(name.split(":")[1]) if ":" in name else 0
     self.gpu = NVGPU(self.kernel, index)
     self.fault: str | None = None
+    try:
+      self._open(name)
+    except BaseException:
+      self.gpu.close()   # a half-opened device gives its objects and fds back
+      raise
+
+  def _open(self, name: str) -> None:
     memory = self.gpu.memory
     self.video_heap = SlabHeap(memory.video, memory.free, self._completed, self._submitted)
     self.host_heap = SlabHeap(memory.host, memory.free, self._completed, self._submitted)

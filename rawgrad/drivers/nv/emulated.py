@@ -615,13 +615,13 @@ class EmulatedKernel(KernelInterface):
       handler = CONTROLS.get(request.cmd)
       if handler is None or not _control_fits(request.cmd, target.cls):
         raise RMStatus(rm.NV_ERR_NOT_SUPPORTED, f"control {request.cmd:#x} on class {target.cls:#x}")
-      params_type, function = handler
+      params_type, method = handler
       if request.paramsSize != ctypes.sizeof(params_type):
         raise RMStatus(rm.NV_ERR_INVALID_PARAM_STRUCT, f"control {request.cmd:#x} with {request.paramsSize} bytes of "
                                                       f"parameters; it takes {ctypes.sizeof(params_type)}")
       if request.params == 0: raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, "control parameters at NULL")
       params = params_type.from_buffer_copy(ctypes.string_at(request.params, request.paramsSize))
-      function(self, target, params)
+      getattr(self, method)(target, params)
       ctypes.memmove(request.params, bytes(params), request.paramsSize)
       request.status = rm.NV_OK
     except RMStatus as refusal:
@@ -831,22 +831,22 @@ ALLOCATIONS: dict[int, tuple[tuple[int, ...], Any, bool]] = {
   COPY_CLASS: (GPFIFO_CLASSES, None, False),
 }
 
-# control -> (parameter struct, handler); the control's class family is the command's top 16 bits
-CONTROLS: dict[int, tuple[Any, Callable]] = {
+# control -> (parameter struct, the method answering it); the control's class family is the command's top 16 bits
+CONTROLS: dict[int, tuple[Any, str]] = {
   rm.NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2: (rm.NV0000_CTRL_GPU_GET_ID_INFO_V2_PARAMS,
-                                          EmulatedKernel._control_gpu_id_info),
+                                          "_control_gpu_id_info"),
   rm.NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2: (rm.NV0080_CTRL_GPU_GET_CLASSLIST_V2_PARAMS,
-                                            EmulatedKernel._control_class_list),
-  rm.NV2080_CTRL_CMD_GPU_GET_NAME_STRING: (rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS, EmulatedKernel._control_name),
-  rm.NV2080_CTRL_CMD_GPU_GET_GID_INFO: (rm.NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, EmulatedKernel._control_gid),
-  rm.NV2080_CTRL_CMD_GR_GET_INFO_V2: (rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS, EmulatedKernel._control_gr_info),
-  rm.NV2080_CTRL_CMD_FB_GET_INFO_V2: (rm.NV2080_CTRL_FB_GET_INFO_V2_PARAMS, EmulatedKernel._control_fb_info),
-  rm.NV2080_CTRL_CMD_TIMER_GET_TIME: (rm.NV2080_CTRL_TIMER_GET_TIME_PARAMS, EmulatedKernel._control_time),
+                                            "_control_class_list"),
+  rm.NV2080_CTRL_CMD_GPU_GET_NAME_STRING: (rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS, "_control_name"),
+  rm.NV2080_CTRL_CMD_GPU_GET_GID_INFO: (rm.NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, "_control_gid"),
+  rm.NV2080_CTRL_CMD_GR_GET_INFO_V2: (rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS, "_control_gr_info"),
+  rm.NV2080_CTRL_CMD_FB_GET_INFO_V2: (rm.NV2080_CTRL_FB_GET_INFO_V2_PARAMS, "_control_fb_info"),
+  rm.NV2080_CTRL_CMD_TIMER_GET_TIME: (rm.NV2080_CTRL_TIMER_GET_TIME_PARAMS, "_control_time"),
   rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER: (rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS,
-                                              EmulatedKernel._control_sm_order),
+                                              "_control_sm_order"),
   rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN: (rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS,
-                                                    EmulatedKernel._control_token),
-  rm.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE: (rm.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, EmulatedKernel._control_schedule),
+                                                    "_control_token"),
+  rm.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE: (rm.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, "_control_schedule"),
 }
 
 

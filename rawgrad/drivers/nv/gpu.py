@@ -53,6 +53,14 @@ class NVGPU:
     self.kernel = kernel
     version = check_driver_version(kernel)
     self.control_fd = kernel.open(CONTROL_PATH)
+    try:
+      self._bring_up(version, index)
+    except BaseException:
+      self._abandon()
+      raise
+
+  def _bring_up(self, version: str, index: int) -> None:
+    kernel = self.kernel
     self._confirm_version(version)
     cards = self._cards()
     if index >= len(cards):
@@ -162,6 +170,18 @@ class NVGPU:
     then the arena's address space goes back."""
     for fd in (self.memory.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
     self.memory.arena.close()
+
+  def _abandon(self) -> None:
+    """After a failed bring-up: close what was opened (the driver frees the objects made through it)."""
+    memory, uvm = getattr(self, "memory", None), getattr(self, "uvm", None)
+    fds = [memory.device_fd] if memory is not None else []
+    fds += [self.control_fd] + ([uvm.mm_fd, uvm.fd] if uvm is not None else [])
+    for fd in fds:
+      try:
+        self.kernel.close(fd)
+      except OSError:
+        pass   # the error being raised is the one to report
+    if memory is not None: memory.arena.close()
 
   # ** time
 
