@@ -38,7 +38,9 @@ SETUP_TIMEOUT_S = 10.0
 # the windows through which generic addresses reach shared and local memory: 4 GiB aligned, far from every
 # allocation (our arena is below 2^40)
 SHARED_WINDOW, LOCAL_WINDOW = 0x7000_0000_0000, 0x7001_0000_0000
-PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE  # the QMD memory is reused
+# how SEND_SIGNALING_PCAS2_B starts a launch: an INVALIDATE variant, as QMD memory is reused (NVK uses this one,
+# libcuda on an H100 INVALIDATE_PREFETCH_COPY_SCHEDULE; tools/nv_ladder.py tries both)
+PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE
 
 
 def compute_method(compute_class: int, name: str) -> int:

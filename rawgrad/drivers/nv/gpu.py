@@ -159,7 +159,7 @@ class NVGPU:
     address = self.memory.arena.allocate(USERMODE_BYTES, USERMODE_BYTES)
     fd = self.kernel.open(device_path)
     try:
-      self.client.map_memory(self.subdevice, usermode, USERMODE_BYTES, fd)
+      self.client.map_memory(self.device, usermode, USERMODE_BYTES, fd)
       self.kernel.mmap(address, USERMODE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
     finally:
       self.kernel.close(fd)
