@@ -22,7 +22,7 @@ from rawgrad.drivers.nv.channel import (SUBCHANNEL_COMPUTE, SUBCHANNEL_COPY, Cha
 from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
 from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
 from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
-from rawgrad.drivers.nv.qmd import (CONSTANT_BANK_ALIGNMENT, QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
+from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
                                     qmd_format, set_field)
 from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
@@ -32,6 +32,7 @@ from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, Device
 
 PUSHBUFFER_BYTES = 4 << 20
 LAUNCH_RING_BYTES = 16 << 20
+QMD_SLOT_BYTES = 512              # a QMD (384 bytes on Hopper), then constant bank 0 at the next 256-byte boundary
 CODE_PREFETCH_BYTES = 4096        # instruction prefetch reads past a kernel's end: keep it mapped
 COPY_CHUNK_BYTES = 1 << 31        # LINE_LENGTH_IN is 32 bits
 SETUP_TIMEOUT_S = 10.0
@@ -289,6 +290,10 @@ class NVDevice(HCQDevice):
     if encoded.engine != engine:
       raise ValueError(f"a queue encoded for the {encoded.engine} engine was submitted to the {engine} engine")
     words = encoded.words.copy()
+    placed = sum(QMD_SLOT_BYTES + launch.bank_bytes for launch in encoded.launches)
+    if placed > LAUNCH_RING_BYTES // 2:   # the ring would wrap onto this queue's own first launches
+      raise ValueError(f"a queue of {len(encoded.launches)} launches needs {placed} bytes of QMDs and constant banks; "
+                       f"the ring holds {LAUNCH_RING_BYTES // 2} per submission: submit it in parts")
     for launch in encoded.launches: words[launch.word] = self._place_launch(launch) >> 8
     setup = self.setup.pop(engine, None)
     if setup: words = np.concatenate([np.array(setup, dtype=np.uint32), words])
@@ -301,7 +306,7 @@ class NVDevice(HCQDevice):
   def _place_launch(self, launch: EncodedLaunch) -> int:
     """Write the launch's QMD and constant bank 0 (with the argument block as it is now) into the ring; returns the
     QMD's address."""
-    qmd_bytes = round_up(len(launch.qmd), CONSTANT_BANK_ALIGNMENT)
+    qmd_bytes = QMD_SLOT_BYTES
     block = self.launch_ring.alloc(qmd_bytes + launch.bank_bytes, alignment=QMD_ALIGNMENT)
     bank_address = block.address + qmd_bytes
     qmd = bytearray(launch.qmd)
