@@ -89,10 +89,8 @@ def verify_program(name: str, program: list[UOp]) -> None:
 
 
 def _check_barrier(stage: str, barrier: UOp, open_loops: list[UOp], parallel: list[UOp]) -> None:
-  if barrier.src[0].op is Ops.DEFINE_LOCAL:
-    # a GPU block's barrier: every thread of the block must reach it, so no loop may be open around it
-    if open_loops: _fail(stage, barrier, f"a block barrier inside {len(open_loops)} loops")
-    return
+  if barrier.src[0].op is Ops.DEFINE_LOCAL: return  # a GPU block's barrier: loops run alike in every thread
+
   if open_loops: _fail(stage, barrier, f"a BARRIER inside {len(open_loops)} loops: the slices would never all meet")
   if barrier.src[0].op is not Ops.DEFINE_SCRATCH: _fail(stage, barrier, "a BARRIER meets on a DEFINE_SCRATCH")
   sizes = {r.src[0].arg if r.src[0].op is Ops.CONST else None for r in parallel}

@@ -117,6 +117,10 @@ class PTXCompiler:
     pass_builder.getModulePassManager().run(module, pass_builder)
     return self._tm.emit_assembly(module)
 
+  def assembly(self, src: str) -> str:
+    """The device assembly (PTX) of a module."""
+    return self.ptx(src)
+
   def compile(self, src: str) -> bytes:
     cubin = assemble_ptx(self.ptx(src), self.target.cpu)
     return append_program(cubin, embedded_program_text(src)) if self.embed_program else cubin

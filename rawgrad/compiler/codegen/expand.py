@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import itertools
 
-from rawgrad.compiler.codegen.opt.kernel import LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, range_kind
+from rawgrad.compiler.codegen.opt.kernel import (LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, is_staging,
+                                                 range_kind)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify
@@ -94,7 +95,7 @@ class _Expander:
       free = frozenset().union(*(self.free[s] for s in node.src)) if node.src else frozenset()
       if node in expanded: free |= {node}
       if node.op is Ops.REDUCE: free -= set(node.src[1:])
-      if node.op is Ops.AFTER: free = frozenset()  # a staged local buffer holds every copy and lane
+      if is_staging(node): free = frozenset()  # a staged local buffer holds every copy and lane
       self.free[node] = free
       self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
     self.cache: dict[tuple, UOp] = {}

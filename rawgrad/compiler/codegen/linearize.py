@@ -44,6 +44,7 @@ class _Linearizer:
     self.reduces_by_loops: dict[tuple[UOp, ...], list[UOp]] = defaultdict(list)
     self.needs: dict[UOp, set[UOp]] = {}
     self.nest_nodes: set[UOp] = set()  # what the stores of the current loop nest compute
+    self.pending_stagings: list[UOp] = []  # GPU tiles staged inside reduce loops, not copied yet
     for node in sink.toposort:
       if node.op is Ops.REDUCE:
         self.reduces_by_loops[node.src[1:]].append(node)
@@ -60,7 +61,7 @@ class _Linearizer:
     if node.op is Ops.REDUCE:
       self.emit_reduce_group(node)
       return self.scopes[-1][node]
-    if node.op is Ops.AFTER: return self.emit_staging(node)
+    if _is_staging(node): return self.emit_staging(node)
     sources = tuple(self.emit(source) for source in node.src)
     instruction = node if sources == node.src else node.replace(src=sources)
     self.program.append(instruction)
@@ -80,14 +81,22 @@ class _Linearizer:
     self.open_loops.pop()
 
   def emit_staging(self, node: UOp) -> UOp:
-    """AFTER(DEFINE_LOCAL, *copy stores): the copy loops, run where the buffer is first needed; its value is the
-    local buffer."""
+    """AFTER(DEFINE_LOCAL, *copy stores) on a CPU, BARRIER(DEFINE_LOCAL, *copy stores) on a GPU: the copy loops,
+    run where the buffer is first needed; its value is the local buffer. On a GPU the block's threads meet after the
+    copy (the BARRIER) and, inside a loop, before it too: no thread refills the buffer while another reads the last
+    tile."""
     local = self.emit(node.src[0])
+    if node.op is Ops.BARRIER and self.open_loops:
+      self.program.append(UOp(Ops.BARRIER, node.dtype, (local,), "refill"))
     loops = sorted({r for store in node.src[1:] for r in store.toposort if r.op is Ops.RANGE and r.arg[1] == "stage"},
                    key=lambda r: r.arg[0])
     for loop in loops: self.open_loop(loop)
     for store in node.src[1:]: self.emit(store)
     for loop in reversed(loops): self.close_loop(loop)
+    if node.op is Ops.BARRIER:
+      self.program.append(node)
+      self.scopes[-1][node] = node
+      return node
     self.scopes[-1][node] = local
     return local
 
@@ -123,7 +132,10 @@ class _Linearizer:
       identity = reduce_identity(member.arg, member.dtype.scalar)
       registers.append(UOp(Ops.DEFINE_REG, member.dtype, arg=(next(self.registers), identity)))
     self.program.extend(registers)
-    for loop in loops: self.open_loop(loop)
+    for loop in loops:
+      self.open_loop(loop)
+      # a tile staged in shared memory is copied once per iteration of the loop it belongs to, not per inner one
+      self.emit_ready_stagings(self.pending_stagings)
     for member, register in zip(group, registers): self.accumulate(member, register)
     for loop in reversed(loops): self.close_loop(loop)
     for member, register in zip(group, registers):
@@ -160,10 +172,28 @@ def _is_zero(node: UOp) -> bool:
   return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
 
 
+def _is_staging(node: UOp) -> bool:
+  """A staged copy into a local buffer: AFTER(local, copies) on a CPU, BARRIER(local, copies, arg="stage") on a GPU
+  (see opt/kernel.py, stage_shared)."""
+  return node.op is Ops.AFTER or (node.op is Ops.BARRIER and node.arg == "stage")
+
+
+def _reachable_outside_stagings(node: UOp) -> list[UOp]:
+  """The nodes reachable from node, not looking inside staged copies (which are included)."""
+  seen: dict[UOp, None] = {}
+  stack = [node]
+  while stack:
+    current = stack.pop()
+    if current in seen: continue
+    seen[current] = None
+    if not _is_staging(current): stack.extend(current.src)
+  return list(seen)
+
+
 def _free_ranges(node: UOp) -> set[UOp]:
   """The ranges a node needs open around it: all it uses except the loops of reductions inside it and of the
   staged copies it reads (those run before it)."""
-  nodes = node.reachable_without_entering(Ops.AFTER) if node.op is not Ops.AFTER else list(node.toposort)
+  nodes = _reachable_outside_stagings(node) if not _is_staging(node) else list(node.toposort)
   used = {n for n in nodes if n.op is Ops.RANGE}
   own = {r for n in nodes if n.op is Ops.REDUCE for r in n.src[1:]}
   return used - own
@@ -184,7 +214,8 @@ def linearize(ast: UOp) -> list[UOp]:
   loops share one loop nest; stores over different loops (a peeled remainder) share the loops their nests begin
   with."""
   linearizer = _Linearizer(ast)
-  stagings = [node for node in ast.toposort if node.op is Ops.AFTER]
+  stagings = [node for node in ast.toposort if _is_staging(node)]
+  linearizer.pending_stagings = [node for node in stagings if node.op is Ops.BARRIER]
   linearizer.emit_ready_stagings(stagings)
   nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
            for loops in dict.fromkeys(tuple(output_loops(store)) for store in ast.src)]
@@ -210,7 +241,9 @@ def linearize(ast: UOp) -> list[UOp]:
 
 
 def _barriers(stores: list[UOp]) -> list[UOp]:
-  return list(dict.fromkeys(node for store in stores for node in store.toposort if node.op is Ops.BARRIER))
+  """The meetings of a split reduction (GROUP's slices, BLOCK_REDUCE's threads), not the barriers of staged tiles."""
+  return list(dict.fromkeys(node for store in stores for node in store.toposort
+                            if node.op is Ops.BARRIER and not _is_staging(node)))
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,10 @@ class SimCompiler:
   def compile(self, src: str) -> bytes:
     return PROGRAM_MAGIC + src.encode()
 
+  def assembly(self, src: str) -> str:
+    """SIM's machine code is the program itself (DEBUG=5 shows it as a listing)."""
+    return src
+
 
 class SimRenderer:
   """A program as the text SimCompiler wraps (one JSON instruction a line); DEBUG=6 shows the readable listing."""
