@@ -81,11 +81,10 @@ class NVGPU:
     gr = self._gr_info()
     fb = self._fb_info()
     sm = gr[rm.NV0080_CTRL_GR_INFO_INDEX_SM_VERSION]
-    order = self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER,
-                                rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS())
+    sm_count, tpc_count = self._sm_and_tpc_counts(gr)
     self.info = GPUInfo(
       name=self._name(), driver_version=version, arch=f"sm_{(sm >> 8) & 0xFF}{sm & 0xFF}", uuid=uuid,
-      gpu_id=card.gpu_id, minor=card.minor_number, sm_count=order.numSm, tpc_count=order.numTpc,
+      gpu_id=card.gpu_id, minor=card.minor_number, sm_count=sm_count, tpc_count=tpc_count,
       sms_per_tpc=gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC],
       max_warps_per_sm=gr[rm.NV0080_CTRL_GR_INFO_INDEX_MAX_WARPS_PER_SM],
       video_memory_bytes=fb[rm.NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE] << 10,
@@ -138,9 +137,20 @@ class NVGPU:
                                  rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS(gpuNameStringFlags=0))
     return bytes(params.gpuNameString.ascii).split(b"\0")[0].decode(errors="replace")
 
+  def _sm_and_tpc_counts(self, gr: dict[int, int]) -> tuple[int, int]:
+    """The SMs and TPCs the chip really has (floor-swept); the design's maximum where RM will not say."""
+    try:
+      order = self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER,
+                                  rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS())
+      return order.numSm, order.numTpc
+    except RMError:
+      tpcs = gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS] * gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC]
+      return tpcs * gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC], tpcs
+
   def _gr_info(self) -> dict[int, int]:
     wanted = (rm.NV0080_CTRL_GR_INFO_INDEX_SM_VERSION, rm.NV0080_CTRL_GR_INFO_INDEX_MAX_WARPS_PER_SM,
-              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC)
+              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC, rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS,
+              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC)
     params = rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS(grInfoListSize=len(wanted))
     for i, index in enumerate(wanted): params.grInfoList[i].index = index
     self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_INFO_V2, params)

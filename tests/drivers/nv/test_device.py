@@ -143,3 +143,27 @@ def test_a_failed_bring_up_gives_back_what_it_opened() -> None:
 def test_without_a_driver_the_real_kernel_says_so() -> None:
   with pytest.raises(RMError, match="no NVIDIA kernel driver is loaded"):
     NVDevice("NV", seam.RealKernel())
+
+
+def test_optional_controls_rm_refuses_have_fallbacks() -> None:
+  """GSP may refuse controls the driver only wants: the SM order (then the chip's design numbers) and the GPU clock
+  (then it is read off a semaphore's timestamp)."""
+  from rawgrad.autogen.nv import nv_rm as rm
+  from rawgrad.drivers.nv.emulated import RMStatus
+
+  class Reticent(EmulatedKernel):
+    def _control_sm_order(self, target, params) -> None:  # noqa: ANN001 - the emulation's control signature
+      raise RMStatus(rm.NV_ERR_NOT_SUPPORTED)
+
+    def _control_time(self, target, params) -> None:  # noqa: ANN001
+      raise RMStatus(rm.NV_ERR_NOT_SUPPORTED)
+
+  device = NVDevice("NV", Reticent())
+  try:
+    assert (device.info.sm_count, device.info.tpc_count) == (144, 72)   # 8 GPCs x 9 TPCs x 2 SMs
+    assert abs(device.clock_offset_ns + (1 << 40)) < 50_000_000
+    before = time.monotonic_ns()
+    device.synchronize_after(device.submit(HWQueue(), COPY))
+    assert before - 5_000_000 <= device.timeline_signal.timestamp_ns <= time.monotonic_ns() + 5_000_000
+  finally:
+    device.close()
