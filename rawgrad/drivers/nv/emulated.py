@@ -463,6 +463,9 @@ class EmulatedKernel(KernelInterface):
     cls, params = obj.cls, obj.params
     if cls == rm.NV01_DEVICE_0 and params is not None and params.deviceId != 0:
       raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, f"device instance {params.deviceId}: the machine has one GPU")
+    if cls == rm.NV01_DEVICE_0 and not any(file.kind == "device" for file in self.files.values()):
+      # nv_is_gpu_accessible: the process must hold the GPU's device node open (kernel-open/nvidia/nv.c)
+      raise RMStatus(rm.NV_ERR_INSUFFICIENT_PERMISSIONS, f"no open /dev/nvidia{MINOR}: the GPU is not accessible")
     if cls == rm.FERMI_VASPACE_A:
       flags = params.flags if params is not None else 0
       if flags & rm.NV_VASPACE_ALLOCATION_FLAGS_ENABLE_PAGE_FAULTING and \

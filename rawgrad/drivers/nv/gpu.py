@@ -67,6 +67,10 @@ class NVGPU:
       raise RMError(f"there is no NVIDIA GPU {index}: the driver lists {len(cards)}", rm.NV_ERR_INVALID_DEVICE)
     card = cards[index]
     self.client = RMClient(kernel, self.control_fd)
+    # RM gives a process the GPU's device object only while it holds the GPU's node open (nv_is_gpu_accessible)
+    device_path = f"/dev/nvidia{card.minor_number}"
+    self.device_fd = kernel.open(device_path)
+    self.client.escape(rm.NV_ESC_REGISTER_FD, rm.nv_ioctl_register_fd_t(ctl_fd=self.control_fd), fd=self.device_fd)
     instance = self._device_instance(card.gpu_id)
     self.device = self.client.alloc(self.client.handle, rm.NV01_DEVICE_0, rm.NV0080_ALLOC_PARAMETERS(
       deviceId=instance, hClientShare=self.client.handle, vaMode=rm.NV_DEVICE_ALLOCATION_VAMODE_MULTIPLE_VASPACES))
@@ -91,8 +95,7 @@ class NVGPU:
       bar1_bytes=fb[rm.NV2080_CTRL_FB_INFO_INDEX_BAR1_SIZE] << 10,
       gpfifo_class=chosen["GPFIFO"], compute_class=chosen["compute"], copy_class=chosen["copy"],
       usermode_class=chosen["usermode"])
-    device_path = f"/dev/nvidia{card.minor_number}"
-    self.memory = GPUMemory(kernel, self.client, self.device, device_path, self.uvm, uuid)
+    self.memory = GPUMemory(kernel, self.client, self.device, device_path, self.device_fd, self.uvm, uuid)
     self.vaspace = self.client.alloc(self.device, rm.FERMI_VASPACE_A, rm.NV_VASPACE_ALLOCATION_PARAMETERS(
       flags=rm.NV_VASPACE_ALLOCATION_FLAGS_ENABLE_PAGE_FAULTING | rm.NV_VASPACE_ALLOCATION_FLAGS_IS_EXTERNALLY_OWNED,
       vaBase=VASPACE_BASE, vaSize=VASPACE_SIZE))
@@ -178,13 +181,13 @@ class NVGPU:
   def close(self) -> None:
     """Let go of the GPU: closing the control fd frees every RM object of our client, closing UVM's fds our VA space;
     then the arena's address space goes back."""
-    for fd in (self.memory.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
+    for fd in (self.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
     self.memory.arena.close()
 
   def _abandon(self) -> None:
     """After a failed bring-up: close what was opened (the driver frees the objects made through it)."""
     memory, uvm = getattr(self, "memory", None), getattr(self, "uvm", None)
-    fds = [memory.device_fd] if memory is not None else []
+    fds = [self.device_fd] if hasattr(self, "device_fd") else []
     fds += [self.control_fd] + ([uvm.mm_fd, uvm.fd] if uvm is not None else [])
     for fd in fds:
       try:

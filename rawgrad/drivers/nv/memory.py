@@ -108,13 +108,12 @@ class Allocation:
 class GPUMemory:
   """Allocates RM memory objects and maps them at arena addresses for the GPU (UVM) and the CPU."""
 
-  def __init__(self, kernel: KernelInterface, client: RMClient, device: int, device_path: str, uvm: UVM,
-               uuid: bytes):
+  def __init__(self, kernel: KernelInterface, client: RMClient, device: int, device_path: str, device_fd: int,
+               uvm: UVM, uuid: bytes):
     self.kernel, self.client, self.device, self.device_path = kernel, client, device, device_path
     self.uvm, self.uuid = uvm, uuid
     self.arena = VirtualArena(kernel)
-    self.device_fd = kernel.open(device_path)
-    client.escape(rm.NV_ESC_REGISTER_FD, rm.nv_ioctl_register_fd_t(ctl_fd=client.control_fd), fd=self.device_fd)
+    self.device_fd = device_fd  # the GPU's node, opened (and registered to the control fd) by NVGPU
 
   def video(self, nbytes: int, cpu_access: bool = False, contiguous: bool = False) -> Allocation:
     """Video memory mapped for the GPU; also mapped for the CPU (through BAR1, write-combined) with cpu_access."""
