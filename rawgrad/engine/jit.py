@@ -170,7 +170,7 @@ class CommandGraph:
         queue.copy(item.dest.address, item.src.address, item.src.nbytes)
         continue
       args = item.runner.args(item.buffers, item.var_values)
-      memory = device.host_memory(8 * max(len(args), 1))
+      memory = device.argument_block(len(args), persistent=True)
       self._memory.append(memory)
       block = memory.host.view(np.uint64)
       block[:len(args)] = [arg & (2**64 - 1) for arg in args]

@@ -4,9 +4,11 @@ Memory: buffers are video memory the CPU does not map (copies go through pinned 
 pinned host memory (signals, argument blocks, pushbuffers, QMDs, constant banks, staging) sits at the same address
 for the CPU and the GPU. Queues become pushbuffer words: `exec` a QMD launch on the compute channel, `copy` the copy
 engine on the copy channel, `signal`/`timestamp` a host semaphore release that writes the value and the GPU clock,
-`wait` a semaphore acquire. A launch's QMD and constant bank 0 (the driver's constants, then the kernel arguments
-copied from the HCQ argument block) are written into a ring at submit, so a prebuilt queue replays with the argument
-blocks as they are then.
+`wait` a semaphore acquire. A launch's QMD and the driver's constants sit in the prefix HCQ reserves before each
+argument block (kernargs_prefix_bytes), so constant bank 0 is the driver's constants followed by the argument block
+itself: the QMD is written once, when the queue is encoded, and a replayed queue reads the arguments as they are
+patched. (A kernel whose parameters are not the 8-byte slots rawgrad passes gets its QMD and a copied constant bank
+written into a ring at submit instead.)
 """
 from __future__ import annotations
 
@@ -66,6 +68,8 @@ class NVProgram:
     self.device, self.name = device, name
     self.facts: KernelFacts = read_kernel(cubin, name)
     self.source_slots, self.bank_offsets = argument_gather(self.facts)
+    # parameter n in 8 bytes at 8*n: constant bank 0 can be the argument block itself
+    self.slots_in_place = all(p.size == 8 and p.offset == 8 * p.ordinal for p in self.facts.parameters)
     code = self.facts.code
     self.memory = device.video_heap.alloc(len(code) + CODE_PREFETCH_BYTES)
     device.copyin(DeviceMemory(self.memory.address, len(code), None, self.memory), memoryview(code))
@@ -108,11 +112,8 @@ class EncodedLaunch:
 class EncodedQueue:
   engine: str
   words: np.ndarray
-  launches: list[EncodedLaunch] = field(default_factory=list)
-
-  @property
-  def kernels(self) -> tuple[str, ...]:
-    return tuple(launch.program.name for launch in self.launches)
+  launches: list[EncodedLaunch] = field(default_factory=list)  # the ones whose QMD is placed at submit
+  kernels: tuple[str, ...] = ()                                  # every kernel the queue launches, for fault messages
 
 
 class NVAllocator(Allocator):
@@ -132,8 +133,13 @@ class NVAllocator(Allocator):
 
 # *** the device ***
 
+# where kernel parameters start in constant bank 0, by architecture (notes 7: the bytes before are the driver's)
+PARAMETER_BASE = {"sm_90": 0x210, "sm_89": 0x160, "sm_86": 0x160, "sm_80": 0x160}
+
+
 class NVDevice(HCQDevice):
   timestamp_bytes = 16   # a semaphore release writes the payload, then the GPU clock at +8
+  kernargs_alignment = QMD_ALIGNMENT
 
   def __init__(self, name: str, kernel: KernelInterface | None = None):
     self.kernel = kernel or kernel_interface("nv")
@@ -158,6 +164,8 @@ class NVDevice(HCQDevice):
     self.local_bytes_per_thread = 0
     self.setup: dict[str, list[int]] = {COMPUTE: self._compute_setup(), COPY: self._copy_setup()}
     target = gpu_target(self.gpu.info.arch)
+    self.parameter_base = PARAMETER_BASE[self.gpu.info.arch]
+    self.kernargs_prefix_bytes = QMD_SLOT_BYTES + self.parameter_base   # the QMD, then constant bank 0
     embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the cubin
     super().__init__(name, target, NVAllocator(self.video_heap), PTXCompiler(target, embed_program=embed),
                      NVPTXRenderer(target, embed_program=embed), NVProgram)
@@ -249,13 +257,14 @@ class NVDevice(HCQDevice):
   # ** encoding
 
   def encode(self, queue: HWQueue, engine: str) -> EncodedQueue:
-    pushbuffer, launches = Pushbuffer(), []
+    pushbuffer, launches, kernels = Pushbuffer(), [], []
     for command in queue.commands:
       operands = command.operands
       if command.kind == "exec":
         if engine != COMPUTE: raise ValueError(f"{self.name}: kernels run on the {COMPUTE} engine, not {engine}")
-        if launches: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
-        launches.append(self._encode_launch(pushbuffer, *operands))
+        if kernels: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
+        kernels.append(operands[0].name)
+        if (placed := self._encode_launch(pushbuffer, *operands)) is not None: launches.append(placed)
       elif command.kind == "copy":
         if engine != COPY: raise ValueError(f"{self.name}: copies run on the {COPY} engine, not {engine}")
         self._encode_copy(pushbuffer, *operands)
@@ -266,7 +275,7 @@ class NVDevice(HCQDevice):
         pushbuffer.wait_for_idle()
         pushbuffer.membar()
       else: raise ValueError(f"the NV queue has no command {command.kind!r}")
-    return EncodedQueue(engine, pushbuffer.array(), launches)
+    return EncodedQueue(engine, pushbuffer.array(), launches, tuple(kernels))
 
   def _timestamp_slot(self, address: int) -> int:
     if address % self.timestamp_bytes:
@@ -275,15 +284,36 @@ class NVDevice(HCQDevice):
     return address
 
   def _encode_launch(self, pushbuffer: Pushbuffer, program: NVProgram, kernargs: int, grid: tuple[int, int, int],
-                     block: tuple[int, int, int]) -> EncodedLaunch:
+                     block: tuple[int, int, int]) -> EncodedLaunch | None:
+    """SEND_PCAS_A with the launch's QMD: written now into the argument block's prefix (its constant bank is the
+    driver's constants followed by the arguments in place), or placed at submit when the parameters are laid out
+    otherwise (then the EncodedLaunch says where)."""
     if not isinstance(program, NVProgram):
       raise TypeError(f"{self.name} launches NVProgram kernels, not {type(program).__name__}")
     launch = Launch(program.facts, program.address, tuple(grid), tuple(block), 0, SHARED_WINDOW, LOCAL_WINDOW)
     qmd = build_qmd(self.qmd_format, launch)
     compute = self.gpu.info.compute_class
-    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"), 0)
+    in_place = program.slots_in_place and program.facts.parameter_base == self.parameter_base
+    qmd_address = kernargs - self.kernargs_prefix_bytes
+    if in_place:
+      bank_address = qmd_address + QMD_SLOT_BYTES
+      self._point_at_bank(qmd, bank_address)
+      host_view(qmd_address, len(qmd))[:] = np.frombuffer(qmd, dtype=np.uint8)
+      host_view(bank_address, self.parameter_base)[:] = np.frombuffer(driver_constants(launch), dtype=np.uint8)
+    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"),
+                             qmd_address >> 8 if in_place else 0)
     pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_SIGNALING_PCAS2_B"), PCAS_ACTION)
+    if in_place: return None
     return EncodedLaunch(word, qmd, driver_constants(launch), launch.constant_bank_bytes, kernargs, program)
+
+  def _point_at_bank(self, qmd: bytearray, bank_address: int) -> None:
+    format_ = self.qmd_format
+    if format_.major == 4:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
+    else:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
 
   def _encode_copy(self, pushbuffer: Pushbuffer, dest: int, source: int, nbytes: int) -> None:
     """A linear copy, in pieces LINE_LENGTH_IN can hold; the first waits for earlier copies (non-pipelined)."""
@@ -327,13 +357,7 @@ class NVDevice(HCQDevice):
     block = self.launch_ring.alloc(qmd_bytes + launch.bank_bytes, alignment=QMD_ALIGNMENT)
     bank_address = block.address + qmd_bytes
     qmd = bytearray(launch.qmd)
-    format_ = self.qmd_format
-    if format_.major == 4:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
-    else:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
+    self._point_at_bank(qmd, bank_address)
     block.host[:len(qmd)] = np.frombuffer(qmd, dtype=np.uint8)
     bank = block.host[qmd_bytes:qmd_bytes + launch.bank_bytes]
     bank[:] = 0
