@@ -150,7 +150,8 @@ def _build_v04(launch: Launch) -> bytearray:
     "CTA_THREAD_DIMENSION2": launch.block[2],
     "CWD_MEMBAR_TYPE": layouts.NVCBC0_QMDV04_00_CWD_MEMBAR_TYPE_L1_SYSMEMBAR,
     "REGISTER_COUNT": facts.registers, "BARRIER_COUNT": max(facts.barriers, 1),
-    "SHADER_LOCAL_MEMORY_LOW_SIZE": round_up(facts.frame_bytes, 16),
+    # the stack grows down from STACK_POINTER, near the top of the local window: it is the window's high part
+    "SHADER_LOCAL_MEMORY_HIGH_SIZE": round_up(facts.frame_bytes, 16),
     "PROGRAM_ADDRESS_LOWER": launch.program_address & 0xFFFFFFFF, "PROGRAM_ADDRESS_UPPER": launch.program_address >> 32,
   }
   for name, value in values.items(): set_field(qmd, f.bits(name), value, name)
@@ -182,7 +183,7 @@ def _build_v03(launch: Launch) -> bytearray:
     "CTA_THREAD_DIMENSION2": launch.block[2],
     "CWD_MEMBAR_TYPE": layouts.NVC6C0_QMDV03_00_CWD_MEMBAR_TYPE_L1_SYSMEMBAR,
     "REGISTER_COUNT_V": facts.registers, "BARRIER_COUNT": max(facts.barriers, 1),
-    "SHADER_LOCAL_MEMORY_LOW_SIZE": round_up(facts.frame_bytes, 16),
+    "SHADER_LOCAL_MEMORY_HIGH_SIZE": round_up(facts.frame_bytes, 16),
     "PROGRAM_ADDRESS_LOWER": launch.program_address & 0xFFFFFFFF, "PROGRAM_ADDRESS_UPPER": launch.program_address >> 32,
   }
   for name, value in values.items(): set_field(qmd, f.bits(name), value, name)
