@@ -156,7 +156,8 @@ def _build_v04(launch: Launch) -> bytearray:
     "CTA_THREAD_DIMENSION0": launch.block[0], "CTA_THREAD_DIMENSION1": launch.block[1],
     "CTA_THREAD_DIMENSION2": launch.block[2],
     # each block's writes reach L2 when it ends; the host sees them after the semaphore release, which waits for
-    # idle and orders memory at system scope itself: no block needs a system-wide barrier of its own
+    # idle and orders memory at system scope itself: no block needs a system-wide barrier of its own (measured on
+    # the H100: a+b runs at the same speed with either, docs/hardware.md)
     "CWD_MEMBAR_TYPE": layouts.NVCBC0_QMDV04_00_CWD_MEMBAR_TYPE_L1_MEMBAR,
     "REGISTER_COUNT": facts.registers, "BARRIER_COUNT": max(facts.barriers, 1),
     # the stack grows down from STACK_POINTER, near the top of the local window: it is the window's high part
