@@ -177,10 +177,10 @@ class CommandGraph:
       self.kernargs[index] = block
       global_size, local_size = self.dims[index] = item.runner.launch_dims(item.var_values)
       if PROFILE:
-        self.times[index] = times = device.host_memory(16)
+        self.times[index] = times = device.host_memory(2 * device.timestamp_bytes)
         queue.timestamp(times.address)
       queue.exec(item.runner.kernel, memory.address, global_size, local_size)
-      if PROFILE: queue.timestamp(times.address + 8)
+      if PROFILE: queue.timestamp(times.address + device.timestamp_bytes)
     return device.encode(queue, segment.engine)
 
   def wait_for_last_run(self) -> None:
@@ -226,7 +226,7 @@ class CommandGraph:
       item = self.items[index]
       device = Device[item.runner.device]
       device.synchronize()
-      start, end = (device.timestamp_ns(int(t)) for t in times.host.view(np.uint64))
+      start, end = device.read_timestamps(times)
       cost = self.costs[index]
       record_kernel(KernelEvent(item.runner.name, item.runner.device, start, end, item.dims, cost.flops,
                                 cost.bytes_moved, item.operations))

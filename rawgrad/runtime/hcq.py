@@ -104,7 +104,9 @@ class HWQueue:
     return self
 
   def timestamp(self, address: int) -> HWQueue:
-    """Write the device clock (the device's ticks; HCQDevice.timestamp_ns converts) to the 8 bytes at `address`."""
+    """Write the device clock (the device's ticks; HCQDevice.timestamp_ns converts) into the timestamp slot at
+    `address`: device.timestamp_bytes long and aligned to them, the time in its last 8 bytes (a GPU's semaphore
+    release writes a payload, then the time)."""
     if address % 8: raise ValueError(f"a timestamp slot must be 8-byte aligned, not {address:#x}")
     self.commands.append(Command("timestamp", (address,)))
     return self
@@ -168,6 +170,7 @@ class HCQDevice:
   `_submit(encoded, engine)`; `wait_signal`, `set_signal`, `check_faults` and `timestamp_ns` where the defaults do
   not fit."""
   shared_engines = False    # both engines feed one in-order stream (no waits needed between them)
+  timestamp_bytes = 8       # one TIMESTAMP's slot; the time is its last 8 bytes
 
   def __init__(self, name: str, target: Target, allocator: Any, compiler: Any, renderer: Any, program_class: Any):
     self.name, self.target, self.allocator, self.compiler, self.renderer = name, target, allocator, compiler, renderer
@@ -264,16 +267,21 @@ class HCQDevice:
     block.host.view(np.uint64)[:len(args)] = [arg & (2**64 - 1) for arg in args]
     queue = HWQueue()
     if timed:
-      times = self.kernargs.alloc(16, alignment=8)
+      times = self.kernargs.alloc(2 * self.timestamp_bytes, alignment=self.timestamp_bytes)
       queue.timestamp(times.address)
     queue.exec(program, block.address, global_size, local_size)
     if not timed:
       self.submit(queue)
       return None
-    queue.timestamp(times.address + 8)
+    queue.timestamp(times.address + self.timestamp_bytes)
     self.synchronize_after(self.submit(queue))
-    start, end = times.host.view(np.uint64)
-    return self.timestamp_ns(int(start)), self.timestamp_ns(int(end))
+    return self.read_timestamps(times)
+
+  def read_timestamps(self, times: DeviceMemory) -> tuple[int, int]:
+    """The two times (host ns) in a pair of timestamp slots, 2 * timestamp_bytes at times.address."""
+    words = times.host.view(np.uint64)
+    last = self.timestamp_bytes // 8 - 1
+    return self.timestamp_ns(int(words[last])), self.timestamp_ns(int(words[last + self.timestamp_bytes // 8]))
 
   def synchronize_after(self, value: int) -> None:
     self.timeline_signal.wait(value)

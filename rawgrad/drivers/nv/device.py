@@ -1,0 +1,339 @@
+"""NVDevice: an NVIDIA GPU behind the HCQ interface, driven through RM and UVM with no vendor runtime.
+
+Memory: buffers are video memory the CPU does not map (copies go through pinned staging and the copy engine);
+pinned host memory (signals, argument blocks, pushbuffers, QMDs, constant banks, staging) sits at the same address
+for the CPU and the GPU. Queues become pushbuffer words: `exec` a QMD launch on the compute channel, `copy` the copy
+engine on the copy channel, `signal`/`timestamp` a host semaphore release that writes the value and the GPU clock,
+`wait` a semaphore acquire. A launch's QMD and constant bank 0 (the driver's constants, then the kernel arguments
+copied from the HCQ argument block) are written into a ring at submit, so a prebuilt queue replays with the argument
+blocks as they are then.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rawgrad.autogen.nv import nv_classes as classes
+from rawgrad.compiler.render.llvmir import NVPTXRenderer
+from rawgrad.compiler.target import gpu_target
+from rawgrad.drivers.nv.channel import (SUBCHANNEL_COMPUTE, SUBCHANNEL_COPY, Channel, ChannelGroup, Pushbuffer,
+                                        xid_name)
+from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
+from rawgrad.drivers.nv.gpu import NVGPU
+from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
+from rawgrad.drivers.nv.qmd import (CONSTANT_BANK_ALIGNMENT, QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
+                                    qmd_format, set_field)
+from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
+from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
+from rawgrad.runtime.device import Allocator
+from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \
+  HostRing, HWQueue
+
+PUSHBUFFER_BYTES = 4 << 20
+LAUNCH_RING_BYTES = 16 << 20
+CODE_PREFETCH_BYTES = 4096        # instruction prefetch reads past a kernel's end: keep it mapped
+COPY_CHUNK_BYTES = 1 << 31        # LINE_LENGTH_IN is 32 bits
+SETUP_TIMEOUT_S = 10.0
+# the windows through which generic addresses reach shared and local memory: 4 GiB aligned, far from every
+# allocation (our arena is below 2^40)
+SHARED_WINDOW, LOCAL_WINDOW = 0x7000_0000_0000, 0x7001_0000_0000
+PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE  # the QMD memory is reused
+
+
+def compute_method(compute_class: int, name: str) -> int:
+  """A compute-class method's address (identical from Ampere to Hopper; looked up under the chip's own class)."""
+  return getattr(classes, f"NV{compute_class:04X}_{name}")
+
+
+def copy_method(name: str) -> int:
+  return getattr(classes, f"NVC8B5_{name}")  # the copy classes share their method offsets (notes 6.4)
+
+
+# *** programs ***
+
+class NVProgram:
+  """A kernel uploaded to video memory: its code (the cubin's .text), the facts its launches need, and where each
+  8-byte argument slot goes in constant bank 0."""
+
+  def __init__(self, device: NVDevice, name: str, lib: bytes):
+    cubin, program_text = split_embedded_program(lib)
+    self.device, self.name = device, name
+    self.facts: KernelFacts = read_kernel(cubin, name)
+    self.source_slots, self.bank_offsets = argument_gather(self.facts)
+    code = self.facts.code
+    self.memory = device.video_heap.alloc(len(code) + CODE_PREFETCH_BYTES)
+    device.copyin(DeviceMemory(self.memory.address, len(code), None, self.memory), memoryview(code))
+    self.address = self.memory.address + self.facts.entry
+    if program_text is not None: device.kernel.register_program(code, program_text, self.facts)
+    device.ensure_local_memory(self.facts.frame_bytes)
+
+  def __repr__(self) -> str:
+    return f"<NVProgram {self.name} at {self.address:#x}, {self.facts.registers} registers>"
+
+
+def argument_gather(facts: KernelFacts) -> tuple[np.ndarray, np.ndarray]:
+  """Byte indices: constant bank byte bank_offsets[i] takes argument block byte source_slots[i] (parameter n is
+  slot n: the low bytes of its 8)."""
+  sources, targets = [], []
+  for parameter in facts.parameters:
+    if parameter.size > 8:
+      raise ValueError(f"kernel {facts.name}: parameter {parameter.ordinal} is {parameter.size} bytes; rawgrad passes "
+                       "arguments in 8-byte slots")
+    sources.extend(range(8 * parameter.ordinal, 8 * parameter.ordinal + parameter.size))
+    targets.extend(range(facts.parameter_base + parameter.offset,
+                         facts.parameter_base + parameter.offset + parameter.size))
+  return np.array(sources, dtype=np.int64), np.array(targets, dtype=np.int64)
+
+
+# *** encoded queues ***
+
+@dataclass
+class EncodedLaunch:
+  word: int              # index of SEND_PCAS_A's data word (the QMD address >> 8, known at submit)
+  qmd: bytearray         # built with constant bank 0 at address 0
+  constants: bytes       # constant bank 0 before the parameters
+  bank_bytes: int
+  kernargs: int          # the argument block's address
+  program: NVProgram
+
+
+@dataclass
+class EncodedQueue:
+  engine: str
+  words: np.ndarray
+  launches: list[EncodedLaunch] = field(default_factory=list)
+
+  @property
+  def kernels(self) -> tuple[str, ...]:
+    return tuple(launch.program.name for launch in self.launches)
+
+
+class NVAllocator(Allocator):
+  """Video memory from the device's heap; a piece goes back to the heap once no view of it is left."""
+
+  def __init__(self, heap: SlabHeap):
+    super().__init__()
+    self.heap = heap
+
+  def _alloc(self, nbytes: int) -> DeviceMemory:
+    block = self.heap.alloc(nbytes)
+    return DeviceMemory(block.address, nbytes, None, block)
+
+  def _free(self, memory: DeviceMemory, nbytes: int) -> None:
+    del memory  # its block's finalizer returns it
+
+
+# *** the device ***
+
+class NVDevice(HCQDevice):
+  timestamp_bytes = 16   # a semaphore release writes the payload, then the GPU clock at +8
+
+  def __init__(self, name: str, kernel: KernelInterface | None = None):
+    self.kernel = kernel or kernel_interface("nv")
+    index = int(name.split(":")[1]) if ":" in name else 0
+    self.gpu = NVGPU(self.kernel, index)
+    self.fault: str | None = None
+    memory = self.gpu.memory
+    self.video_heap = SlabHeap(memory.video, memory.free, self._completed, self._submitted)
+    self.host_heap = SlabHeap(memory.host, memory.free, self._completed, self._submitted)
+    self.group = ChannelGroup(self.gpu)
+    self.channels: dict[str, Channel] = {COMPUTE: self.group.compute, COPY: self.group.copy}
+    self.clock_offset_ns = self.gpu.clock_offset_ns()
+    self.qmd_format = qmd_format(self.gpu.info.compute_class)
+    self.local_memory: Block | None = None
+    self.local_bytes_per_thread = 0
+    self.setup: dict[str, list[int]] = {COMPUTE: self._compute_setup(), COPY: self._copy_setup()}
+    target = gpu_target(self.gpu.info.arch)
+    embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the cubin
+    super().__init__(name, target, NVAllocator(self.video_heap), PTXCompiler(target, embed_program=embed),
+                     NVPTXRenderer(target, embed_program=embed), NVProgram)
+    self.pushbuffers = {engine: HostRing(self, PUSHBUFFER_BYTES, f"{engine} pushbuffer") for engine in self.channels}
+    self.launch_ring = HostRing(self, LAUNCH_RING_BYTES, "QMD and constant bank")
+    for engine in self.channels: self.submit(HWQueue(), engine)   # binds the engine classes
+    self.synchronize(SETUP_TIMEOUT_S)
+
+  @property
+  def info(self):  # noqa: ANN201 - GPUInfo
+    return self.gpu.info
+
+  def close(self, timeout_s: float = 5.0) -> None:
+    """Wait for the GPU (unless a fault stopped it) and let it go; the device is unusable afterwards."""
+    try:
+      if self.fault is None: self.synchronize(timeout_s)
+    finally:
+      self.fault = f"{self.name} is closed"
+      self.gpu.close()
+
+  def _completed(self) -> int:
+    signal = getattr(self, "timeline_signal", None)
+    return 0 if signal is None else signal.value
+
+  def _submitted(self) -> int:
+    return getattr(self, "timeline_value", 0)
+
+  # ** memory
+
+  def host_memory(self, nbytes: int) -> DeviceMemory:
+    block = self.host_heap.alloc(nbytes)
+    return DeviceMemory(block.address, nbytes, block.host, block)
+
+  def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
+    block = self.host_heap.alloc(SIGNAL_BYTES)
+    words = block.host.view(np.uint64)
+    words[:] = [value, 0]
+    signal = HCQSignal(self, words, block.address, name)
+    signal.memory = block  # type: ignore[attr-defined]  # keeps the memory alive with the signal
+    return signal
+
+  def ensure_local_memory(self, bytes_per_thread: int) -> None:
+    """Back the local window (stacks, spills) for kernels needing up to bytes_per_thread; the next compute submission
+    points the engine at it. Sizing per TPC as public drivers do: every warp slot of its SMs gets room."""
+    if bytes_per_thread <= self.local_bytes_per_thread: return
+    info = self.gpu.info
+    per_thread = round_up(bytes_per_thread, 32)
+    per_tpc = round_up(round_up(per_thread * 32, 0x200) * info.max_warps_per_sm * info.sms_per_tpc, 0x8000)
+    self.local_memory = self.video_heap.alloc(round_up(per_tpc * info.tpc_count, 0x20000))
+    self.local_bytes_per_thread = per_thread
+    address, compute = self.local_memory.address, self.gpu.info.compute_class
+    setup = Pushbuffer()
+    setup.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SET_SHADER_LOCAL_MEMORY_A"), address >> 32,
+                 address & 0xFFFFFFFF)
+    setup.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SET_SHADER_LOCAL_MEMORY_NON_THROTTLED_A"), per_tpc >> 32,
+                 per_tpc & 0xFFFFFFFF, 0xFF)
+    self.setup[COMPUTE] = self.setup.get(COMPUTE, []) + setup.words
+
+  def _compute_setup(self) -> list[int]:
+    compute = self.gpu.info.compute_class
+    setup = Pushbuffer()
+    setup.method(SUBCHANNEL_COMPUTE, classes.NVC86F_SET_OBJECT, compute)
+    setup.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SET_SHADER_SHARED_MEMORY_WINDOW_A"),
+                 SHARED_WINDOW >> 32, SHARED_WINDOW & 0xFFFFFFFF)
+    setup.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SET_SHADER_LOCAL_MEMORY_WINDOW_A"),
+                 LOCAL_WINDOW >> 32, LOCAL_WINDOW & 0xFFFFFFFF)
+    return setup.words
+
+  def _copy_setup(self) -> list[int]:
+    setup = Pushbuffer()
+    setup.method(SUBCHANNEL_COPY, classes.NVC86F_SET_OBJECT, self.gpu.info.copy_class)
+    return setup.words
+
+  # ** encoding
+
+  def encode(self, queue: HWQueue, engine: str) -> EncodedQueue:
+    pushbuffer, launches = Pushbuffer(), []
+    for command in queue.commands:
+      operands = command.operands
+      if command.kind == "exec":
+        if engine != COMPUTE: raise ValueError(f"{self.name}: kernels run on the {COMPUTE} engine, not {engine}")
+        if launches: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
+        launches.append(self._encode_launch(pushbuffer, *operands))
+      elif command.kind == "copy":
+        if engine != COPY: raise ValueError(f"{self.name}: copies run on the {COPY} engine, not {engine}")
+        self._encode_copy(pushbuffer, *operands)
+      elif command.kind == "signal": pushbuffer.release(operands[0].address, operands[1])
+      elif command.kind == "wait": pushbuffer.acquire(operands[0].address, operands[1])
+      elif command.kind == "timestamp": pushbuffer.release(self._timestamp_slot(operands[0]), 0)
+      elif command.kind == "memory_barrier":
+        pushbuffer.wait_for_idle()
+        pushbuffer.membar()
+      else: raise ValueError(f"the NV queue has no command {command.kind!r}")
+    return EncodedQueue(engine, pushbuffer.array(), launches)
+
+  def _timestamp_slot(self, address: int) -> int:
+    if address % self.timestamp_bytes:
+      raise ValueError(f"{self.name}: a timestamp slot is {self.timestamp_bytes} bytes and aligned to them; "
+                       f"{address:#x} is not")
+    return address
+
+  def _encode_launch(self, pushbuffer: Pushbuffer, program: NVProgram, kernargs: int, grid: tuple[int, int, int],
+                     block: tuple[int, int, int]) -> EncodedLaunch:
+    if not isinstance(program, NVProgram):
+      raise TypeError(f"{self.name} launches NVProgram kernels, not {type(program).__name__}")
+    launch = Launch(program.facts, program.address, tuple(grid), tuple(block), 0, SHARED_WINDOW, LOCAL_WINDOW)
+    qmd = build_qmd(self.qmd_format, launch)
+    compute = self.gpu.info.compute_class
+    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"), 0)
+    pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_SIGNALING_PCAS2_B"), PCAS_ACTION)
+    return EncodedLaunch(word, qmd, driver_constants(launch), launch.constant_bank_bytes, kernargs, program)
+
+  def _encode_copy(self, pushbuffer: Pushbuffer, dest: int, source: int, nbytes: int) -> None:
+    """A linear copy, in pieces LINE_LENGTH_IN can hold; the first waits for earlier copies (non-pipelined)."""
+    for start in range(0, nbytes, COPY_CHUNK_BYTES):
+      length = min(COPY_CHUNK_BYTES, nbytes - start)
+      pipelined = classes.NVC8B5_LAUNCH_DMA_DATA_TRANSFER_TYPE_PIPELINED if start else \
+        classes.NVC8B5_LAUNCH_DMA_DATA_TRANSFER_TYPE_NON_PIPELINED
+      launch = (pipelined << classes.NVC8B5_LAUNCH_DMA_DATA_TRANSFER_TYPE[1]
+                | classes.NVC8B5_LAUNCH_DMA_SRC_MEMORY_LAYOUT_PITCH << classes.NVC8B5_LAUNCH_DMA_SRC_MEMORY_LAYOUT[1]
+                | classes.NVC8B5_LAUNCH_DMA_DST_MEMORY_LAYOUT_PITCH << classes.NVC8B5_LAUNCH_DMA_DST_MEMORY_LAYOUT[1]
+                | 1 << classes.NVC8B5_LAUNCH_DMA_DISABLE_PLC[1])
+      pushbuffer.method(SUBCHANNEL_COPY, copy_method("OFFSET_IN_UPPER"), (source + start) >> 32,
+                        (source + start) & 0xFFFFFFFF, (dest + start) >> 32, (dest + start) & 0xFFFFFFFF)
+      pushbuffer.method(SUBCHANNEL_COPY, copy_method("LINE_LENGTH_IN"), length)
+      pushbuffer.method(SUBCHANNEL_COPY, copy_method("LAUNCH_DMA"), launch)
+
+  # ** submitting
+
+  def _submit(self, encoded: EncodedQueue, engine: str) -> None:
+    self.check_faults()
+    if encoded.engine != engine:
+      raise ValueError(f"a queue encoded for the {encoded.engine} engine was submitted to the {engine} engine")
+    words = encoded.words.copy()
+    for launch in encoded.launches: words[launch.word] = self._place_launch(launch) >> 8
+    setup = self.setup.pop(engine, None)
+    if setup: words = np.concatenate([np.array(setup, dtype=np.uint32), words])
+    if len(words) == 0: return
+    segment = self.pushbuffers[engine].alloc(words.nbytes, alignment=4)
+    segment.host[:] = words.view(np.uint8)
+    self.channels[engine].submit(segment.address, len(words), self.timeline_value + 1, encoded.kernels,
+                                 lambda value: self.timeline_signal.wait(value))
+
+  def _place_launch(self, launch: EncodedLaunch) -> int:
+    """Write the launch's QMD and constant bank 0 (with the argument block as it is now) into the ring; returns the
+    QMD's address."""
+    qmd_bytes = round_up(len(launch.qmd), CONSTANT_BANK_ALIGNMENT)
+    block = self.launch_ring.alloc(qmd_bytes + launch.bank_bytes, alignment=QMD_ALIGNMENT)
+    bank_address = block.address + qmd_bytes
+    qmd = bytearray(launch.qmd)
+    format_ = self.qmd_format
+    if format_.major == 4:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
+    else:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
+    block.host[:len(qmd)] = np.frombuffer(qmd, dtype=np.uint8)
+    bank = block.host[qmd_bytes:qmd_bytes + launch.bank_bytes]
+    bank[:] = 0
+    bank[:len(launch.constants)] = np.frombuffer(launch.constants, dtype=np.uint8)
+    program = launch.program
+    if len(program.source_slots):
+      arguments = host_view(launch.kernargs, 8 * len(program.facts.parameters))
+      bank[program.bank_offsets] = arguments[program.source_slots]
+    return block.address
+
+  # ** faults, waits and time
+
+  def check_faults(self) -> None:
+    if self.fault is not None: raise DeviceFault(self.fault)
+    for channel in self.channels.values():
+      if (error := channel.error()) is None: continue
+      code, engine, _ = error
+      unfinished = channel.in_flight(self._completed())
+      kernels = sorted({kernel for submission in unfinished for kernel in submission.kernels})
+      running = f" while running kernel(s) {', '.join(kernels)}" if kernels else ""
+      self.fault = (f"{self.name} ({self.gpu.info.name}): the GPU stopped the {channel.name} channel with "
+                    f"{xid_name(code)} on engine type {engine}{running} (timeline at {self._completed()} of "
+                    f"{self.timeline_value}); the channel takes no more work: open the device again")
+      raise DeviceFault(self.fault)
+
+  def describe_state(self) -> str:
+    completed = self._completed()
+    return "; " + "; ".join(channel.describe(completed) for channel in self.channels.values())
+
+  def timestamp_ns(self, ticks: int) -> int:
+    return ticks + self.clock_offset_ns
+
+
+def open_device(name: str) -> NVDevice:
+  return NVDevice(name)
