@@ -14,9 +14,10 @@ github:NVIDIA/open-gpu-kernel-modules and github:NVIDIA/open-gpu-doc), then poin
 without either. Headers are read into a temporary directory and never committed.
 
 AMD: the headers come from Debian packages: kfd_ioctl.h from linux-libc-dev, the HSA/AQL headers from
-libhsa-runtime-dev, the SDMA and PM4 packet headers from the tarball in linux-source-6.1. Each is taken from the
-installed package when it is there (CI: `apt-get install linux-libc-dev libhsa-runtime-dev linux-source-6.1`), else
-from a .deb named by --<package>-deb, else from the .deb `apt-get download` fetches. SDMA fields, which the headers
+libhsa-runtime-dev, the SDMA and PM4 packet headers from the tarball in linux-source-6.1, the kernel descriptor from
+LLVM's AMDHSAKernelDescriptor.h in llvm-14-dev (C++: read in C++ mode). Each is taken from the installed package when
+it is there (CI: `apt-get install linux-libc-dev libhsa-runtime-dev linux-source-6.1 llvm-14-dev`), else from a .deb
+named by --<package>-deb, else from the .deb `apt-get download` fetches. SDMA fields, which the headers
 spell as NAME_offset / NAME_mask / NAME_shift, also become NAME = (hi, lo) over the whole packet.
 
 How it works: libclang parses one translation unit per output module; structures and unions become
@@ -42,6 +43,7 @@ import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 try:
   from clang import cindex
@@ -268,6 +270,7 @@ class Module:
   preamble: str = '#include "nvtypes.h"'  # class headers use NvU32 without including nvtypes.h
   mask_ranges: bool = False      # NAME_offset/_mask/_shift families also become NAME = (hi, lo) over the packet
   words32: bool = False          # constants and functions are 32-bit words: C's negative int is read unsigned
+  language: str = "c"            # "c++": structures and enumerators (in namespaces too); macros are not read
 
 
 SDK = "src/common/sdk/nvidia/inc"
@@ -348,13 +351,15 @@ LINUX_LIBC_DEV = DebianPackage("linux-libc-dev", "--linux-libc-dev-deb", ("usr/i
 HSA_RUNTIME_DEV = DebianPackage(
     "libhsa-runtime-dev", "--hsa-runtime-dev-deb",
     tuple(f"usr/include/hsa/{name}.h" for name in ("hsa", "amd_hsa_common", "amd_hsa_queue", "amd_hsa_signal",
-                                                   "amd_hsa_kernel_code")))
+                                                   "amd_hsa_kernel_code", "hsa_ven_amd_aqlprofile")))
 LINUX_SOURCE = DebianPackage(
     "linux-source-6.1", "--linux-source-deb",
     (f"{AMDGPU}/vega10_sdma_pkt_open.h", f"{AMDGPU}/sdma_v6_0_0_pkt_open.h", f"{AMDGPU}/soc15d.h", f"{AMDGPU}/nvd.h",
      f"{AMD_INCLUDE}/vega10_enum.h", f"{AMD_INCLUDE}/soc21_enum.h"),
     tarball="usr/src/linux-source-6.1.tar.xz")
-AMD_PACKAGES = (LINUX_LIBC_DEV, HSA_RUNTIME_DEV, LINUX_SOURCE)
+LLVM_INCLUDE = "usr/include/llvm-14"
+LLVM_DEV = DebianPackage("llvm-14-dev", "--llvm-dev-deb", (f"{LLVM_INCLUDE}/llvm/Support/AMDHSAKernelDescriptor.h",))
+AMD_PACKAGES = (LINUX_LIBC_DEV, HSA_RUNTIME_DEV, LINUX_SOURCE, LLVM_DEV)
 # kfd_ioctl.h includes <drm/drm.h> for the __u32 family alone; libdrm's full header is not needed for that
 AMD_STUBS = StubHeaders("stubs", (("drm/drm.h", "/* rawgrad autogen stub: kfd_ioctl.h needs only the __u* types */\n"
                                                 "#include <linux/types.h>\n"),))
@@ -394,13 +399,22 @@ AMD_MODULES = (
         "hsa", "HSA architected queuing language (AQL): packet headers and types, kernel dispatch and barrier "
         "packets, fence scopes, queues; AMD's signal (amd_signal_t: what a completion signal handle points at) "
         "and queue (amd_queue_t) structures; the compute program resource and kernel code property bits of the "
-        "kernel descriptor.",
+        "kernel descriptor; the vendor-specific AQL packet that carries PM4 commands.",
         ((HSA_RUNTIME_DEV, HSA_INCLUDE),),
         (hsa("hsa", only=("hsa_signal_t", "hsa_queue_t", "hsa_kernel_dispatch_packet", "hsa_agent_dispatch_packet",
                           "hsa_barrier_and_packet", "hsa_barrier_or_packet", "HSA_PACKET_", "HSA_FENCE_SCOPE",
                           "HSA_QUEUE_TYPE", "HSA_QUEUE_FEATURE", "HSA_KERNEL_DISPATCH_PACKET_SETUP")),
          hsa("amd_hsa_common", only=("AMD_HSA",)), hsa("amd_hsa_queue"), hsa("amd_hsa_signal"),
-         hsa("amd_hsa_kernel_code")), preamble=""),
+         hsa("amd_hsa_kernel_code"),
+         # the vendor-specific AQL packet that carries PM4 (signals, waits and timestamps ride in it)
+         hsa("hsa_ven_amd_aqlprofile", only=("hsa_ext_amd_aql_pm4_packet_t",))), preamble=""),
+    Module(
+        "kernel_descriptor", "The code object (v3 and later) kernel descriptor an AQL dispatch's kernel_object points "
+        "at (kernel_descriptor_t, 64 bytes), and its bit fields: COMPUTE_PGM_RSRC1/2/3 and KERNEL_CODE_PROPERTY_* "
+        "(each NAME, NAME_SHIFT, NAME_WIDTH). From LLVM's AMDGPU support header, the one definition of the layout "
+        "(C++: read as C++, no macros taken).",
+        ((LLVM_DEV, LLVM_INCLUDE),), (Header(LLVM_DEV, f"{LLVM_INCLUDE}/llvm/Support/AMDHSAKernelDescriptor.h"),),
+        preamble="", language="c++"),
     sdma_module("sdma_v4", "vega10_sdma_pkt_open.h", "SDMA 4.x (gfx9: Vega, MI100-MI300, so gfx942)"),
     sdma_module("sdma_v6", "sdma_v6_0_0_pkt_open.h", "SDMA 6.0 (gfx11: RDNA3, so gfx1100)"),
     pm4_module("pm4_gfx9", "soc15d.h", "vega10_enum.h", "gfx9 (SOC15: Vega, MI100-MI300, so gfx942)"),
@@ -531,8 +545,8 @@ def gcc_include_dir() -> str:
 
 
 def compile_args(module: Module, tree: Path) -> list[str]:
-  """The arguments clang and gcc share: the C dialect and the module's include directories."""
-  args = ["-std=gnu11"]
+  """The arguments clang and gcc share: the language and dialect, and the module's include directories."""
+  args = ["-x", "c++", "-std=gnu++17"] if module.language == "c++" else ["-std=gnu11"]
   for repo, directory in module.include_dirs:
     args += ["-I", str(tree / repo.short_name / directory)]
   return args
@@ -549,7 +563,8 @@ def parse(path: Path, text: str, args: list[str]) -> cindex.TranslationUnit:
   options = (cindex.TranslationUnit.PARSE_DETAILED_PROCESSING_RECORD
              | cindex.TranslationUnit.PARSE_SKIP_FUNCTION_BODIES)
   # the libclang wheel has no compiler headers (stddef.h, ...); gcc's serve
-  clang_args = ["-x", "c", *args, "-ferror-limit=0", "-isystem", gcc_include_dir()]
+  language = [] if "-x" in args else ["-x", "c"]
+  clang_args = [*language, *args, "-ferror-limit=0", "-isystem", gcc_include_dir()]
   return cindex.Index.create().parse(str(path), args=clang_args, unsaved_files=[(str(path), text)], options=options)
 
 
@@ -575,6 +590,16 @@ class Collector:
 
   # --- where things are declared
 
+  def declarations(self) -> Iterator[cindex.Cursor]:
+    """File-scope declarations, and those inside C++ namespaces, in order."""
+    pending = list(self.tu.cursor.get_children())
+    while pending:
+      cursor = pending.pop(0)
+      if cursor.kind == cindex.CursorKind.NAMESPACE:
+        pending[0:0] = list(cursor.get_children())
+      else:
+        yield cursor
+
   def header_of(self, cursor: cindex.Cursor) -> Header | None:
     location = cursor.location
     return self.own.get(os.path.realpath(location.file.name)) if location.file else None
@@ -596,7 +621,7 @@ class Collector:
   # --- records
 
   def collect_typedef_names(self) -> None:
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       if cursor.kind != cindex.CursorKind.TYPEDEF_DECL:
         continue
       underlying = cursor.underlying_typedef_type
@@ -611,6 +636,8 @@ class Collector:
     if typedefs:
       return typedefs[0], typedefs[0]
     if (tag := tag_of(decl)) is not None:
+      if self.module.language == "c++":   # C++ names a record by its qualified name (llvm::amdhsa::...)
+        return tag, decl.type.get_canonical().spelling
       return tag, f"{'union' if decl.kind == cindex.CursorKind.UNION_DECL else 'struct'} {tag}"
     return None, None
 
@@ -683,7 +710,7 @@ class Collector:
 
   def collect_records(self) -> None:
     """Records declared in the module's headers, and every record they contain."""
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       header = self.header_of(cursor)
       if header is None:
         continue
@@ -721,7 +748,7 @@ class Collector:
 
   def collect_enumerators(self) -> list[Constant]:
     constants = []
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       header = self.header_of(cursor)
       if cursor.kind != cindex.CursorKind.ENUM_DECL or header is None:
         continue
@@ -887,8 +914,15 @@ PROBE_PRELUDE = r"""#include <stdio.h>
 #include <string.h>
 static void rg_u(const char *key, unsigned long long value) { printf("%s\t%llu\n", key, value); }
 static void rg_s(const char *key, long long value) { printf("%s\t%lld\n", key, value); }
+#ifdef __cplusplus
+template <typename T> static void rg_int(const char *key, T value) {
+    if ((T)-1 < (T)0) rg_s(key, (long long)value); else rg_u(key, (unsigned long long)value);
+}
+#define RG_INT(key, x) rg_int(key, 0 + (x))
+#else
 #define RG_INT(key, x) _Generic(0 + (x), unsigned int: rg_u, unsigned long: rg_u, unsigned long long: rg_u, \
                                 default: rg_s)(key, (x))
+#endif
 static void rg_bits(const char *key, const unsigned char *bytes, size_t size, size_t base) {
     size_t first = (size_t)-1, last = 0;
     for (size_t i = 0; i < size * 8; i++)
@@ -1031,7 +1065,8 @@ def build_module(module: Module, tree: Path, work: Path) -> ModuleResult:
   for macro in macros:
     if macro.params is not None and "..." not in macro.params:
       macro.python = macro_function_body(macro.body, macro.params, names)
-  classify_macros(macros, base, work / f"{module.name}_check.c", args)
+  if module.language == "c":   # the integer test is C's _Generic
+    classify_macros(macros, base, work / f"{module.name}_check.c", args)
   records = list(collector.records.values())
   probe = run_probe(probe_source(base, records, macros), args, work, module.name)
   check_layouts(records, probe)

@@ -50,7 +50,8 @@ def test_the_record_covers_every_module_with_classes():
   assert {"kfd", "hsa"} <= set(MODULES)
   assert len(LAYOUTS["modules"]["kfd"]) >= 40 and len(LAYOUTS["modules"]["hsa"]) >= 10
   assert sum(len(r["fields"]) for m in LAYOUTS["modules"].values() for r in m.values()) > 300
-  assert set(LAYOUTS["sources"]) == {"linux-libc-dev", "libhsa-runtime-dev", "linux-source-6.1"}
+  assert set(LAYOUTS["sources"]) == {"linux-libc-dev", "libhsa-runtime-dev", "linux-source-6.1", "llvm-14-dev"}
+  assert LAYOUTS["modules"]["kernel_descriptor"]["kernel_descriptor_t"]["size"] == 64
 
 
 def test_a_wrong_record_is_caught():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 
 import rawgrad.autogen.amd as amd
-from rawgrad.autogen.amd import hsa, kfd, pm4_gfx9, pm4_gfx11, sdma_v4, sdma_v6
+from rawgrad.autogen.amd import hsa, kernel_descriptor, kfd, pm4_gfx9, pm4_gfx11, sdma_v4, sdma_v6
 
 
 def request(direction: int, number: int, size: int) -> int:
@@ -78,3 +78,16 @@ def test_pm4_packets():
     assert (pm4.CACHE_FLUSH_AND_INV_TS_EVENT, pm4.BOTTOM_OF_PIPE_TS) == (0x14, 0x28)
   assert pm4_gfx9.DATA_SEL(3) == 3 << 29 and pm4_gfx11.PACKET3_RELEASE_MEM_DATA_SEL(3) == 3 << 29
   assert pm4_gfx11.PACKET3_WAIT_REG_MEM64 == 0x93
+
+
+def test_kernel_descriptor_layout_matches_what_the_loader_reads():
+  # runtime/elf.py's load_amd_kernel reads these offsets; LLVM's header is where they are defined
+  descriptor = kernel_descriptor.kernel_descriptor_t
+  assert ctypes.sizeof(descriptor) == 64
+  assert (descriptor.group_segment_fixed_size.offset, descriptor.private_segment_fixed_size.offset,
+          descriptor.kernarg_size.offset, descriptor.kernel_code_entry_byte_offset.offset) == (0, 4, 8, 16)
+  assert (descriptor.compute_pgm_rsrc3.offset, descriptor.compute_pgm_rsrc1.offset, descriptor.compute_pgm_rsrc2.offset,
+          descriptor.kernel_code_properties.offset) == (44, 48, 52, 56)
+  assert kernel_descriptor.KERNEL_CODE_PROPERTY_ENABLE_WAVEFRONT_SIZE32 == 1 << 10
+  assert kernel_descriptor.KERNEL_CODE_PROPERTY_ENABLE_SGPR_KERNARG_SEGMENT_PTR == 1 << 3
+  assert kernel_descriptor.KERNEL_CODE_ENTRY_BYTE_OFFSET_OFFSET == 16

@@ -172,7 +172,7 @@ typedef struct {
 """
 
 
-def generate_module(tmp_path: Path, header: str, **options: bool):
+def generate_module(tmp_path: Path, header: str, **options: object):
   if autogen.cindex is None or shutil.which("gcc") is None:
     pytest.skip("needs libclang (pip install -e '.[autogen]') and gcc")
   stubs = autogen.StubHeaders("synthetic", (("packet.h", header),))
@@ -214,3 +214,20 @@ def test_two_unnamed_unions_of_one_struct_stay_apart(tmp_path: Path):
   assert (two.value.offset, two.pointer.offset, two.mailbox.offset, two.queue.offset, two.reserved.offset) == \
     (8, 8, 16, 24, 24)
   assert ctypes.sizeof(two) == 32
+
+
+CPP_HEADER = r"""
+#include <cstdint>
+namespace outer { namespace inner {
+enum : int32_t { ENTRY_SHIFT = 3, ENTRY_WIDTH = 2, ENTRY = 3 << 3 };
+struct descriptor_t { uint32_t size; uint8_t reserved[4]; int64_t entry; uint16_t flags; uint8_t tail[6]; };
+} }
+"""
+
+
+def test_cpp_headers_give_namespaced_records_and_enumerators(tmp_path: Path):
+  if shutil.which("g++") is None: pytest.skip("needs g++'s C++ headers")
+  ns = generate_module(tmp_path, CPP_HEADER, language="c++")
+  descriptor = ns["descriptor_t"]
+  assert ctypes.sizeof(descriptor) == 24 and (descriptor.entry.offset, descriptor.flags.offset) == (8, 16)
+  assert (ns["ENTRY_SHIFT"], ns["ENTRY_WIDTH"], ns["ENTRY"]) == (3, 2, 24)

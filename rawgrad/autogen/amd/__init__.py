@@ -5,7 +5,12 @@
 #     memory allocation flags, queue types, event types and wait results.
 #   hsa: HSA architected queuing language (AQL): packet headers and types, kernel dispatch and barrier packets,
 #     fence scopes, queues; AMD's signal (amd_signal_t: what a completion signal handle points at) and queue
-#     (amd_queue_t) structures; the compute program resource and kernel code property bits of the kernel descriptor.
+#     (amd_queue_t) structures; the compute program resource and kernel code property bits of the kernel descriptor;
+#     the vendor-specific AQL packet that carries PM4 commands.
+#   kernel_descriptor: The code object (v3 and later) kernel descriptor an AQL dispatch's kernel_object points at
+#     (kernel_descriptor_t, 64 bytes), and its bit fields: COMPUTE_PGM_RSRC1/2/3 and KERNEL_CODE_PROPERTY_* (each
+#     NAME, NAME_SHIFT, NAME_WIDTH). From LLVM's AMDGPU support header, the one definition of the layout (C++: read
+#     as C++, no macros taken).
 #   sdma_v4: SDMA (system DMA engine) packets for SDMA 4.x (gfx9: Vega, MI100-MI300, so gfx942): opcodes, and each
 #     packet field as NAME_offset (its dword), NAME_mask and NAME_shift as the header spells them, plus NAME = (hi,
 #     lo): the field's bits counted over the whole packet (dword NAME_offset holds bits 32*offset .. 32*offset+31).
@@ -26,4 +31,5 @@ SOURCE_PACKAGES = {
     "linux-libc-dev": "6.1.187-1",
     "libhsa-runtime-dev": "5.2.3-3",
     "linux-source-6.1": "6.1.176-1",
+    "llvm-14-dev": "1:14.0.6-12",
 }

@@ -2,7 +2,8 @@
 # Command: python tools/autogen.py amd
 # HSA architected queuing language (AQL): packet headers and types, kernel dispatch and barrier packets, fence
 #   scopes, queues; AMD's signal (amd_signal_t: what a completion signal handle points at) and queue (amd_queue_t)
-#   structures; the compute program resource and kernel code property bits of the kernel descriptor.
+#   structures; the compute program resource and kernel code property bits of the kernel descriptor; the
+#   vendor-specific AQL packet that carries PM4 commands.
 # Sources (read at generation time, never committed):
 #   libhsa-runtime-dev 5.2.3-3 (Debian package)
 #     usr/include/hsa/hsa.h  (only hsa_signal_t, hsa_queue_t, hsa_kernel_dispatch_packet, hsa_agent_dispatch_packet, hsa_barrier_and_packet, hsa_barrier_or_packet, HSA_PACKET_, HSA_FENCE_SCOPE, HSA_QUEUE_TYPE, HSA_QUEUE_FEATURE, HSA_KERNEL_DISPATCH_PACKET_SETUP*)
@@ -10,7 +11,8 @@
 #     usr/include/hsa/amd_hsa_queue.h
 #     usr/include/hsa/amd_hsa_signal.h
 #     usr/include/hsa/amd_hsa_kernel_code.h
-# 13 structures/unions, 251 integer constants, 0 bit ranges as (hi, lo), 0 functions of an index.
+#     usr/include/hsa/hsa_ven_amd_aqlprofile.h  (only hsa_ext_amd_aql_pm4_packet_t*)
+# 14 structures/unions, 251 integer constants, 0 bit ranges as (hi, lo), 0 functions of an index.
 # gcc's sizeof/offsetof of every class are in layouts.json; tests/autogen checks the classes.
 import ctypes
 
@@ -467,6 +469,14 @@ class amd_runtime_loader_debug_info_t(ctypes.Structure):
     ("elf_size", ctypes.c_uint64),
     ("kernel_name", ctypes.c_uint64),
     ("owning_segment", ctypes.c_uint64),
+  ]
+
+
+class hsa_ext_amd_aql_pm4_packet_t(ctypes.Structure):
+  _fields_ = [
+    ("header", ctypes.c_uint16),
+    ("pm4_command", ctypes.c_uint16 * 27),
+    ("completion_signal", hsa_signal_t),
   ]
 
 
