@@ -355,7 +355,8 @@ HSA_RUNTIME_DEV = DebianPackage(
 LINUX_SOURCE = DebianPackage(
     "linux-source-6.1", "--linux-source-deb",
     (f"{AMDGPU}/vega10_sdma_pkt_open.h", f"{AMDGPU}/sdma_v6_0_0_pkt_open.h", f"{AMDGPU}/soc15d.h", f"{AMDGPU}/nvd.h",
-     f"{AMD_INCLUDE}/vega10_enum.h", f"{AMD_INCLUDE}/soc21_enum.h"),
+     f"{AMD_INCLUDE}/vega10_enum.h", f"{AMD_INCLUDE}/soc21_enum.h", f"{AMD_INCLUDE}/asic_reg/gc/gc_9_4_2_sh_mask.h",
+     f"{AMD_INCLUDE}/asic_reg/gc/gc_11_0_0_sh_mask.h"),
     tarball="usr/src/linux-source-6.1.tar.xz")
 LLVM_INCLUDE = "usr/include/llvm-14"
 LLVM_DEV = DebianPackage("llvm-14-dev", "--llvm-dev-deb", (f"{LLVM_INCLUDE}/llvm/Support/AMDHSAKernelDescriptor.h",))
@@ -379,14 +380,17 @@ def sdma_module(name: str, header: str, chips: str) -> Module:
       words32=True)
 
 
-def pm4_module(name: str, header: str, enums: str, chips: str) -> Module:
+def pm4_module(name: str, header: str, enums: str, registers: str, chips: str) -> Module:
   return Module(
       name, f"PM4 type-3 packets of the command processor for {chips}: opcodes (PACKET3_*), the header builder "
-      "PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...), and the event types "
-      "(VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take.",
+      "PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...), the event types "
+      "(VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take, and the scratch ring register's fields "
+      "(COMPUTE_TMPRING_SIZE, which an AQL queue's amd_queue_t carries for the CP).",
       ((LINUX_SOURCE, AMDGPU), (LINUX_SOURCE, AMD_INCLUDE)),
-      (Header(LINUX_SOURCE, f"{AMDGPU}/{header}"), Header(LINUX_SOURCE, f"{AMD_INCLUDE}/{enums}",
-                                                          enums=("VGT_EVENT_TYPE",))), preamble="", words32=True)
+      (Header(LINUX_SOURCE, f"{AMDGPU}/{header}"),
+       Header(LINUX_SOURCE, f"{AMD_INCLUDE}/{enums}", enums=("VGT_EVENT_TYPE",)),
+       Header(LINUX_SOURCE, f"{AMD_INCLUDE}/asic_reg/gc/{registers}", only=("COMPUTE_TMPRING_SIZE__",))),
+      preamble="", words32=True)
 
 
 AMD_MODULES = (
@@ -417,8 +421,10 @@ AMD_MODULES = (
         preamble="", language="c++"),
     sdma_module("sdma_v4", "vega10_sdma_pkt_open.h", "SDMA 4.x (gfx9: Vega, MI100-MI300, so gfx942)"),
     sdma_module("sdma_v6", "sdma_v6_0_0_pkt_open.h", "SDMA 6.0 (gfx11: RDNA3, so gfx1100)"),
-    pm4_module("pm4_gfx9", "soc15d.h", "vega10_enum.h", "gfx9 (SOC15: Vega, MI100-MI300, so gfx942)"),
-    pm4_module("pm4_gfx11", "nvd.h", "soc21_enum.h", "gfx10 and gfx11 (so gfx1100)"),
+    # gc 9.4.2 (MI200) is the newest gfx9 register file in 6.1; gfx942 (gc 9.4.3) keeps its COMPUTE_TMPRING_SIZE
+    pm4_module("pm4_gfx9", "soc15d.h", "vega10_enum.h", "gc_9_4_2_sh_mask.h",
+               "gfx9 (SOC15: Vega, MI100-MI300, so gfx942)"),
+    pm4_module("pm4_gfx11", "nvd.h", "soc21_enum.h", "gc_11_0_0_sh_mask.h", "gfx10 and gfx11 (so gfx1100)"),
 )
 
 

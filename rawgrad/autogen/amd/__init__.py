@@ -19,10 +19,12 @@
 #     the field's bits counted over the whole packet (dword NAME_offset holds bits 32*offset .. 32*offset+31).
 #   pm4_gfx9: PM4 type-3 packets of the command processor for gfx9 (SOC15: Vega, MI100-MI300, so gfx942): opcodes
 #     (PACKET3_*), the header builder PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...),
-#     and the event types (VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take.
+#     the event types (VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take, and the scratch ring register's fields
+#     (COMPUTE_TMPRING_SIZE, which an AQL queue's amd_queue_t carries for the CP).
 #   pm4_gfx11: PM4 type-3 packets of the command processor for gfx10 and gfx11 (so gfx1100): opcodes (PACKET3_*),
-#     the header builder PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...), and the event
-#     types (VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take.
+#     the header builder PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...), the event types
+#     (VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take, and the scratch ring register's fields
+#     (COMPUTE_TMPRING_SIZE, which an AQL queue's amd_queue_t carries for the CP).
 # layouts.json holds gcc's sizeof/offsetof of every class; tests/autogen checks them.
 
 # the KFD ioctl interface the headers describe; a kernel reporting another major version is refused
