@@ -56,10 +56,11 @@ def tmpring_size(family_: Family, waves: int, wave_bytes: int) -> int:
   """COMPUTE_TMPRING_SIZE: how many waves may hold scratch at once, and each one's scratch in the family's granule."""
   pm4 = family_.pm4
   units = -(-wave_bytes // family_.scratch_granule)
-  value = waves << pm4.COMPUTE_TMPRING_SIZE__WAVES__SHIFT | units << pm4.COMPUTE_TMPRING_SIZE__WAVESIZE__SHIFT
-  masks = pm4.COMPUTE_TMPRING_SIZE__WAVES_MASK | pm4.COMPUTE_TMPRING_SIZE__WAVESIZE_MASK
-  if value & ~masks: raise ValueError(f"{waves} waves of {wave_bytes} scratch bytes do not fit COMPUTE_TMPRING_SIZE")
-  return value
+  waves_field = waves << pm4.COMPUTE_TMPRING_SIZE__WAVES__SHIFT
+  size_field = units << pm4.COMPUTE_TMPRING_SIZE__WAVESIZE__SHIFT
+  if waves_field & ~pm4.COMPUTE_TMPRING_SIZE__WAVES_MASK or size_field & ~pm4.COMPUTE_TMPRING_SIZE__WAVESIZE_MASK:
+    raise ValueError(f"{waves} waves of {wave_bytes} scratch bytes do not fit COMPUTE_TMPRING_SIZE")
+  return waves_field | size_field
 
 
 def split64(value: int) -> tuple[int, int]:

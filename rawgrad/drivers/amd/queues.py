@@ -132,7 +132,8 @@ class AQLQueue:
     state = self.state_memory.address
     created = create_queue(
       device_kfd, node, queue_type=kfd.KFD_IOC_QUEUE_TYPE_COMPUTE_AQL, ring_base_address=self.ring.address,
-      ring_size=self.ring.nbytes, write_pointer_address=state + hsa.amd_queue_t.write_dispatch_id.offset,
+      ring_size=self.entries * packets.AQL_PACKET_BYTES,
+      write_pointer_address=state + hsa.amd_queue_t.write_dispatch_id.offset,
       read_pointer_address=state + hsa.amd_queue_t.read_dispatch_id.offset,
       eop_buffer_address=self.eop.address, eop_buffer_size=self.eop.nbytes,
       ctx_save_restore_address=self.context_save.address, ctx_save_restore_size=save_bytes,
