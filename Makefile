@@ -7,7 +7,7 @@ install:
 
 # the op suite (forward and backward), the jit and the runtime, again on SIM with kernels lowered for a GPU and run by
 # the interpreter: NVIDIA's sm_90, then AMD's gfx1100
-DEVICE_SUITE = tests/tensor_ops tests/test_tensor.py tests/test_jit.py tests/compiler/test_gradient.py \
+DEVICE_SUITE = tests/tensor_ops tests/test_tensor.py tests/test_tensor_jit.py tests/compiler/test_gradient.py \
                tests/nn/test_modules.py tests/nn/test_optim.py tests/engine/test_realize.py tests/runtime/test_memory.py
 
 test: install

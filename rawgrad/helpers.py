@@ -5,9 +5,12 @@ import contextlib
 import functools
 import itertools
 import os
-from typing import Any, Iterable, Iterator, TypeVar
+from collections import OrderedDict
+from typing import Any, Generic, Hashable, Iterable, Iterator, TypeVar
 
 T = TypeVar("T")
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 @functools.cache
@@ -89,6 +92,35 @@ _unique_ids = itertools.count()
 def unique_id() -> int:
   """A number never handed out before in this process (names fresh buffers)."""
   return next(_unique_ids)
+
+
+class LRUCache(Generic[K, V]):
+  """A cache that keeps its `limit` most recently used entries: reading or writing an entry makes it the most recent,
+  and an entry beyond the limit drops the least recent one. Values are never None (None means "not cached")."""
+
+  def __init__(self, limit: int):
+    if limit < 1: raise ValueError(f"an LRU cache needs a limit of at least 1 entry, got {limit}")
+    self.limit = limit
+    self.entries: OrderedDict[K, V] = OrderedDict()
+
+  def __len__(self) -> int:
+    return len(self.entries)
+
+  def __contains__(self, key: K) -> bool:
+    return key in self.entries
+
+  def get(self, key: K) -> V | None:
+    """The value for `key`, or None when it is not cached."""
+    value = self.entries.get(key)
+    if value is not None: self.entries.move_to_end(key)
+    return value
+
+  def put(self, key: K, value: V) -> V:
+    """Remember `value` for `key`; returns it."""
+    self.entries[key] = value
+    self.entries.move_to_end(key)
+    if len(self.entries) > self.limit: self.entries.popitem(last=False)
+    return value
 
 
 class GlobalCounters:

@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.compiler.gradient import autograd_origin
+from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base, create_schedule
 from rawgrad.compiler.rewrite import substitute
@@ -19,6 +19,7 @@ from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
+from rawgrad.tensor_ops.helpers import broadcast_shape, reduce_axes, resolve_axis, shape_arg
 from rawgrad.tensor_ops.nn import NNOps
 from rawgrad.tensor_ops.random import RandomOps
 from rawgrad.tensor_ops.reduce import ReduceOps
@@ -53,11 +54,6 @@ def _nested_shape(data: Any) -> tuple[int, ...]:
 def _flat(data: Any) -> list:
   if not isinstance(data, (list, tuple)): return [data]
   return [value for item in data for value in _flat(item)]
-
-
-def _resolve_axis(axis: int, ndim: int) -> int:
-  if not -max(ndim, 1) <= axis < max(ndim, 1): raise IndexError(f"axis {axis} is out of range for {ndim} dimensions")
-  return axis % ndim if ndim else 0
 
 
 class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
@@ -111,7 +107,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return prod(self.shape)
 
   def size(self, dim: int | None = None) -> Any:
-    return self.shape if dim is None else self.shape[_resolve_axis(dim, self.ndim)]
+    return self.shape if dim is None else self.shape[resolve_axis(dim, self.ndim)]
 
   def __len__(self) -> int:
     if not self.shape: raise TypeError("len() of a 0-d tensor")
@@ -124,22 +120,22 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   @staticmethod
   def empty(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor(_buffer_uop(_shape_arg(shape), dtype or dtypes.default_float, _canonical_device(device)))
+    return Tensor(_buffer_uop(shape_arg(shape), dtype or dtypes.default_float, _canonical_device(device)))
 
   @staticmethod
   def full(shape: Any, fill_value: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    shape = _shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
+    shape = shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
     dtype = dtype or dtypes.from_py(fill_value)
     const = Tensor(fill_value, device=device, dtype=dtype)
     return const.reshape((1,) * len(shape)).expand(shape)
 
   @staticmethod
   def zeros(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor.full(_shape_arg(shape), 0, dtype or dtypes.default_float, device)
+    return Tensor.full(shape_arg(shape), 0, dtype or dtypes.default_float, device)
 
   @staticmethod
   def ones(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor.full(_shape_arg(shape), 1, dtype or dtypes.default_float, device)
+    return Tensor.full(shape_arg(shape), 1, dtype or dtypes.default_float, device)
 
   @staticmethod
   def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | None = None,
@@ -243,7 +239,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new lazy tensors (zeros where self does not depend on a target)."""
-    from rawgrad.compiler.gradient import compute_gradient
     if gradient is None:
       if self.numel() != 1: raise ValueError(f"gradient of a non-scalar tensor of shape {self.shape} needs `gradient`")
       gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
@@ -254,7 +249,6 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t with requires_grad that self depends on."""
-    from rawgrad.compiler.gradient import expand_realized
     in_graph = expand_realized(self.uop)[0].toposort
     targets = [t for t in list(all_tensors) if t.requires_grad and t.uop in in_graph]
     if not targets: raise RuntimeError("backward: no tensor with requires_grad=True contributes to this one")
@@ -266,7 +260,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   # *** broadcasting and dtype promotion ***
 
-  def _to_tensor_like(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
+  def _to_tensor_like(self, other: Any) -> tuple[Tensor, Tensor]:
     """Both operands as Tensors of one dtype: a Python scalar adopts the tensor's dtype unless it is of a higher
     category (bool < int < float), as in PyTorch."""
     if isinstance(other, Tensor):
@@ -291,7 +285,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.reshape(padded).expand(shape)
 
   def expand(self, *shape: Any) -> Tensor:
-    shape = _shape_arg(shape)
+    shape = shape_arg(shape)
     if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dimensions {shape}")
     shape = tuple(old if new == -1 else new for old, new in zip((None,) * (len(shape) - self.ndim) + self.shape, shape))
     if None in shape: raise ValueError(f"-1 is not allowed for new leading dimensions in expand to {shape}")
@@ -374,13 +368,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def logical_not(self) -> Tensor:
     return Tensor(self.cast(dtypes.bool).uop.alu(Ops.XOR, self.cast(dtypes.bool)._scalar(True).uop))
 
-  def _compare(self, op: Ops, other: Any, reverse: bool = False) -> Tensor:
-    x, y = self._broadcasted(other, reverse)
-    return Tensor(x.uop.alu(op, y.uop))
-
-  def __lt__(self, other: Any) -> Tensor: return self._compare(Ops.CMPLT, other)
-  def __gt__(self, other: Any) -> Tensor: return self._compare(Ops.CMPLT, other, reverse=True)
-  def __ne__(self, other: Any) -> Tensor: return self._compare(Ops.CMPNE, other)  # type: ignore[override]
+  def __lt__(self, other: Any) -> Tensor: return self._binary(Ops.CMPLT, other)
+  def __gt__(self, other: Any) -> Tensor: return self._binary(Ops.CMPLT, other, reverse=True)
+  def __ne__(self, other: Any) -> Tensor: return self._binary(Ops.CMPNE, other)  # type: ignore[override]
   def __eq__(self, other: Any) -> Tensor: return (self != other).logical_not()  # type: ignore[override]
   def __le__(self, other: Any) -> Tensor: return (self < other) | (self == other)
   def __ge__(self, other: Any) -> Tensor: return (self > other) | (self == other)
@@ -402,7 +392,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   # *** movement ***
 
   def reshape(self, *shape: Any) -> Tensor:
-    shape = _shape_arg(shape)
+    shape = shape_arg(shape)
     if shape.count(-1) > 1: raise ValueError(f"only one dimension can be -1 in reshape to {shape}")
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
@@ -415,10 +405,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.reshape(*shape)
 
   def permute(self, *order: Any) -> Tensor:
-    order = _shape_arg(order)
+    order = shape_arg(order)
     if len(order) != self.ndim:
       raise ValueError(f"permute order {order} has {len(order)} axes, but the tensor has shape {self.shape}")
-    return Tensor(self.uop.permute(tuple(_resolve_axis(axis, self.ndim) for axis in order)))
+    return Tensor(self.uop.permute(tuple(resolve_axis(axis, self.ndim) for axis in order)))
 
   def pad(self, padding: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
     """Pad each axis by (before, after) elements of `value`: one pair per axis, first axis first."""
@@ -436,12 +426,12 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(self.uop.shrink(bounds))
 
   def flip(self, *axes: Any) -> Tensor:
-    axes = _shape_arg(axes)
-    return Tensor(self.uop.flip(tuple(_resolve_axis(axis, self.ndim) for axis in axes)))
+    axes = shape_arg(axes)
+    return Tensor(self.uop.flip(tuple(resolve_axis(axis, self.ndim) for axis in axes)))
 
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     order = list(range(self.ndim))
-    a, b = _resolve_axis(dim0, self.ndim), _resolve_axis(dim1, self.ndim)
+    a, b = resolve_axis(dim0, self.ndim), resolve_axis(dim1, self.ndim)
     order[a], order[b] = order[b], order[a]
     return self.permute(order)
 
@@ -451,17 +441,17 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def flatten(self, start_dim: int = 0, end_dim: int = -1) -> Tensor:
     if self.ndim == 0: return self.reshape(1)
-    start, end = _resolve_axis(start_dim, self.ndim), _resolve_axis(end_dim, self.ndim)
+    start, end = resolve_axis(start_dim, self.ndim), resolve_axis(end_dim, self.ndim)
     return self.reshape(*self.shape[:start], prod(self.shape[start:end + 1]), *self.shape[end + 1:])
 
   def squeeze(self, dim: int | None = None) -> Tensor:
     if dim is None: return self.reshape(*[s for s in self.shape if s != 1])
-    axis = _resolve_axis(dim, self.ndim)
+    axis = resolve_axis(dim, self.ndim)
     if self.shape[axis] != 1: return self
     return self.reshape(*self.shape[:axis], *self.shape[axis + 1:])
 
   def unsqueeze(self, dim: int) -> Tensor:
-    axis = _resolve_axis(dim, self.ndim + 1)
+    axis = resolve_axis(dim, self.ndim + 1)
     return self.reshape(*self.shape[:axis], 1, *self.shape[axis:])
 
   def __getitem__(self, index: Any) -> Tensor:
@@ -475,7 +465,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   # *** reductions ***
 
   def _reduce(self, op: Ops, axis: int | Sequence[int] | None, keepdim: bool) -> Tensor:
-    axes = _reduce_axes(axis, self.ndim)
+    axes = reduce_axes(axis, self.ndim)
     if self.ndim == 0: return self
     kept = tuple(1 if i in axes else s for i, s in enumerate(self.shape))
     if not axes: reduced = self
@@ -487,7 +477,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.ADD, axis, keepdim)
 
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    axes = _reduce_axes(axis, self.ndim)
+    axes = reduce_axes(axis, self.ndim)
     if self.ndim and any(self.shape[a] == 0 for a in axes):
       raise ValueError(f"max over an empty axis of shape {self.shape} has no identity (axis={axis})")
     return self._reduce(Ops.MAX, axis, keepdim)
@@ -503,7 +493,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(self.uop.alu(Ops.XOR, self._scalar(all_ones).uop))
 
   def mean(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    axes = _reduce_axes(axis, self.ndim)
+    axes = reduce_axes(axis, self.ndim)
     count = prod(self.shape[a] for a in axes) if self.ndim else 1
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
     total = x.sum(axis, keepdim)
@@ -586,97 +576,11 @@ def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   return uop
 
 
-def _shape_arg(shape: tuple) -> tuple:
-  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
-  for size in shape:
-    if not isinstance(size, (int, UOp)) or isinstance(size, bool):
-      raise TypeError(f"shape entries must be ints, got {type(size).__name__} {size!r} in {shape}")
-  return tuple(shape)
-
-
-def broadcast_shape(*shapes: tuple) -> tuple:
-  """The shape several shapes broadcast to, as in numpy and PyTorch."""
-  ndim = max(len(shape) for shape in shapes)
-  padded = [(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]
-  result = []
-  for sizes in zip(*padded):
-    others = {size for size in sizes if size != 1}
-    if len(others) > 1:
-      raise ValueError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
-    result.append(others.pop() if others else 1)
-  return tuple(result)
-
-
 def _scalar_result_dtype(dtype: DType, value: Any) -> DType:
   category = {dtypes.bool: 0}.get(dtype, 2 if dtypes.is_float(dtype) else 1)
   value_category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
   if value_category <= category: return dtype
   return dtypes.default_float if value_category == 2 else dtypes.default_int
-
-
-def _reduce_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
-  if axis is None: return tuple(range(ndim))
-  axes = (axis,) if isinstance(axis, int) else tuple(axis)
-  resolved = tuple(sorted({_resolve_axis(a, ndim) for a in axes}))
-  if len(resolved) != len(axes): raise ValueError(f"axis {axis} repeats an axis")
-  return resolved
-
-
-def _getitem(tensor: Tensor, index: Any) -> Tensor:
-  """Basic indexing: ints, slices (any step), None and Ellipsis."""
-  items = list(index) if isinstance(index, tuple) else [index]
-  if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
-  consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
-  if consumed > tensor.ndim:
-    raise IndexError(f"too many indices for a tensor of shape {tensor.shape}: {consumed} given")
-  if any(item is Ellipsis for item in items):
-    at = next(i for i, item in enumerate(items) if item is Ellipsis)
-    items[at:at + 1] = [slice(None)] * (tensor.ndim - consumed)
-  else:
-    items += [slice(None)] * (tensor.ndim - consumed)
-  result, axis, final_shape = tensor, 0, []
-  for item in items:
-    if item is None:
-      final_shape.append(1)
-      continue
-    size = result.shape[axis]
-    if isinstance(item, bool) or not isinstance(item, (int, slice)):
-      raise TypeError(f"unsupported index {item!r}: use ints, slices, None or Ellipsis")
-    if isinstance(item, int):
-      if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
-      result = result._slice_axis(axis, item % size, item % size + 1, 1)
-    else:
-      start, stop, step = item.indices(size)
-      result = result._slice_axis(axis, start, stop, step)
-      final_shape.append(result.shape[axis])
-    axis += 1
-  return result.reshape(tuple(final_shape))
-
-
-def _slice_axis(self: Tensor, axis: int, start: int, stop: int, step: int) -> Tensor:
-  if step < 0:
-    # a negative step walks the flipped axis forward
-    size = self.shape[axis]
-    flipped_start, count = size - 1 - start, len(range(start, stop, step))
-    return self.flip(axis)._slice_axis(axis, flipped_start, flipped_start + (count - 1) * -step + 1 if count else
-                                       flipped_start, -step)
-  count = len(range(start, stop, step))
-  bounds = [(0, s) for s in self.shape]
-  if step == 1 or count == 0:
-    bounds[axis] = (start, start + count)
-    return self.shrink(bounds)
-  # take every step-th element: cut, pad to a multiple of step, split the axis and keep the first column
-  bounds[axis] = (start, start + (count - 1) * step + 1)
-  cut = self.shrink(bounds)
-  padding = [(0, 0)] * self.ndim
-  padding[axis] = (0, count * step - cut.shape[axis])
-  split = cut.pad(padding).reshape(*self.shape[:axis], count, step, *self.shape[axis + 1:])
-  keep = [(0, s) for s in split.shape]
-  keep[axis + 1] = (0, 1)
-  return split.shrink(keep).reshape(*self.shape[:axis], count, *self.shape[axis + 1:])
-
-
-Tensor._slice_axis = _slice_axis  # type: ignore[attr-defined]
 
 
 __all__ = ["Tensor", "broadcast_shape"]

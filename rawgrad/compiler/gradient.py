@@ -53,7 +53,7 @@ def _product_of_others(source: UOp, axes: tuple[int, ...]) -> UOp:
   return no_zero.where(nonzero_product / source, only_this_is_zero.where(nonzero_product, _like(source, 0.0)))
 
 
-def _max_grad(ctx: UOp, ret: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp]:
+def _max_grad(ctx: UOp, a: UOp, b: UOp) -> tuple[UOp, UOp]:
   # ties share the gradient evenly, as PyTorch does for maximum
   a_wins = UOp(Ops.CAST, ctx.dtype, (b < a,))
   tie = UOp(Ops.CAST, ctx.dtype, (a.eq(b),)) * _like(ctx, 0.5)
@@ -91,7 +91,7 @@ pm_gradient = PatternMatcher([
   (UPat(Ops.ADD), lambda ctx: (ctx, ctx)),
   (UPat(Ops.MUL, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0])),
   (UPat(Ops.FDIV, name="ret"), lambda ctx, ret: (ctx / ret.src[1], -(ctx * ret.src[0]) / (ret.src[1] * ret.src[1]))),
-  (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b")), name="ret"), _max_grad),
+  (UPat(Ops.MAX, src=(UPat.var("a"), UPat.var("b"))), _max_grad),
   (UPat(Ops.MULACC, name="ret"), lambda ctx, ret: (ctx * ret.src[1], ctx * ret.src[0], ctx)),
   # transcendental
   (UPat(Ops.EXP2, name="ret"), lambda ctx, ret: (ctx * ret * _like(ret, LN2),)),
@@ -168,18 +168,12 @@ custom_gradients: weakref.WeakKeyDictionary[UOp, Callable[[UOp, UOp, set[UOp]], 
   weakref.WeakKeyDictionary()
 
 
-def rule_gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
-  """The gradients by the rules alone at `root` (custom gradients still apply below it): for a custom gradient that
-  wants the rules' result for some of its inputs."""
-  return _gradients(root, root_grad, targets, custom_at_root=False)
-
-
-def _gradients(root: UOp, root_grad: UOp, targets: set[UOp], custom_at_root: bool = True) -> dict[UOp, UOp]:
+def _gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   needed = _on_path_to(root, targets)
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(list(root.toposort)):
     if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or node.op in LEAVES: continue
-    if (custom := custom_gradients.get(node)) is not None and (custom_at_root or node is not root):
+    if (custom := custom_gradients.get(node)) is not None:
       for source, grad in custom(node, grads[node], needed).items():
         if source in needed: grads[source] = grads[source] + grad if source in grads else grad
       continue

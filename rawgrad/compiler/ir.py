@@ -100,15 +100,8 @@ class GroupOp:
                       Ops.XOR, Ops.SHL, Ops.SHR})
   Ternary = frozenset({Ops.WHERE, Ops.MULACC})
   ALU = Unary | Binary | Ternary
-  Reduce = frozenset({Ops.REDUCE_AXIS, Ops.REDUCE})
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
-  Buffer = frozenset({Ops.BUFFER, Ops.BUFFER_VIEW, Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_SCRATCH,
-                      Ops.DEFINE_REG, Ops.INDEX, Ops.LOAD, Ops.STORE, Ops.BUFFERIZE, Ops.CONTIGUOUS, Ops.REALIZE,
-                      Ops.COPY, Ops.ASSIGN})
-  Control = frozenset({Ops.SINK, Ops.RANGE, Ops.END, Ops.IF, Ops.ENDIF, Ops.BARRIER, Ops.KERNEL, Ops.NOOP, Ops.UNIQUE,
-                       Ops.DEVICE, Ops.SPECIAL, Ops.DETACH, Ops.CONTIGUOUS_BACKWARD, Ops.AFTER})
   Commutative = frozenset({Ops.ADD, Ops.MUL, Ops.MAX, Ops.CMPNE, Ops.AND, Ops.OR, Ops.XOR})
-  Associative = frozenset({Ops.ADD, Ops.MUL, Ops.AND, Ops.OR, Ops.MAX})
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
 
 
@@ -263,16 +256,6 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     if not low <= value <= high: raise ValueError(f"value {value} is outside {name}'s range [{low}, {high}]")
     return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
 
-  # *** constants ***
-
-  @property
-  def is_const(self) -> bool:
-    return self.op is Ops.CONST
-
-  def const_value(self) -> Any:
-    if self.op is not Ops.CONST: raise ValueError(f"{self.op} is not a constant")
-    return self.arg
-
   # *** graph traversal ***
 
   @functools.cached_property
@@ -293,15 +276,15 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   def walk(self) -> Iterator[UOp]:
     return iter(self.toposort)
 
-  def reachable_without_entering(self, barrier: Ops) -> list[UOp]:
-    """The nodes reachable from this one, not looking inside nodes of op `barrier` (which are included)."""
+  def reachable_without_entering(self, barrier: Callable[[UOp], bool]) -> list[UOp]:
+    """The nodes reachable from this one, not looking inside the nodes `barrier` holds true for (which are included)."""
     seen: dict[UOp, None] = {}
     stack = [self]
     while stack:
       node = stack.pop()
       if node in seen: continue
       seen[node] = None
-      if node.op is not barrier: stack.extend(node.src)
+      if not barrier(node): stack.extend(node.src)
     return list(seen)
 
   @functools.cached_property
@@ -684,8 +667,10 @@ def _log2(a: float) -> float:
 
 
 def _maximum(a: Any, b: Any) -> Any:
+  """LLVM's maximum: nan wins, and -0.0 is below +0.0."""
   if isinstance(a, float) and math.isnan(a): return a
   if isinstance(b, float) and math.isnan(b): return b
+  if a == 0 and b == 0 and isinstance(a, float): return a if math.copysign(1, a) > 0 else b
   return max(a, b)
 
 

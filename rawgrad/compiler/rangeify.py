@@ -102,16 +102,7 @@ def _reads_at_other_indices(value: UOp, target: UOp) -> bool:
   return any(node is not target and node.op in GroupOp.Movement for node in reaches_buffer)
 
 
-# *** step 3: consumers ***
-
-def find_consumers(sink: UOp) -> dict[UOp, list[UOp]]:
-  consumers: dict[UOp, list[UOp]] = defaultdict(list)
-  for node in sink.toposort:
-    for source in node.src: consumers[source].append(node)
-  return consumers
-
-
-# *** step 4: push indices up the graph ***
+# *** steps 3 and 4: push indices up the graph, in reverse toposort order: all of a node's consumers ask first ***
 
 def _strides(shape: tuple) -> list:
   strides, running = [], 1

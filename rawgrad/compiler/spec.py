@@ -2,6 +2,8 @@
 the pass that made it rather than as a wrong number at the end."""
 from __future__ import annotations
 
+from typing import Iterator
+
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.dtype import PtrDType, dtypes
 
@@ -42,9 +44,9 @@ def verify_tensor_graph(sink: UOp) -> None:
     if node.op is Ops.BUFFER and not isinstance(node.arg, int): _fail(stage, node, "buffer size must be an int")
 
 
-def verify_kernel(ast: UOp) -> None:
-  """Kernel level: a SINK of STOREs into INDEXed globals; no tensor-level ops left; ALU dtypes agree."""
-  stage = f"kernel {ast.arg}"
+def _kernel_nodes(stage: str, ast: UOp) -> Iterator[UOp]:
+  """The nodes of a kernel, each after the checks every kernel passes at every stage: a SINK of STOREs into INDEXed
+  buffers, no tensor-level op left, ALU dtypes that agree, REDUCEs over RANGEs only."""
   if ast.op is not Ops.SINK: _fail(stage, ast, "a kernel must be a SINK")
   for store in ast.src:
     if store.op is not Ops.STORE or store.src[0].op is not Ops.INDEX:
@@ -53,13 +55,20 @@ def verify_kernel(ast: UOp) -> None:
     if node.op in GroupOp.Movement or node.op in (Ops.REDUCE_AXIS, Ops.BUFFER, Ops.CONTIGUOUS, Ops.DEVICE):
       _fail(stage, node, "tensor-level op left in a kernel")
     if node.op in GroupOp.ALU: _check_alu_dtypes(stage, node)
+    if node.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in node.src[1:]):
+      _fail(stage, node, "REDUCE loops over RANGEs only")
+    yield node
+
+
+def verify_kernel(ast: UOp) -> None:
+  """Kernel level: a SINK of STOREs into INDEXed globals; no tensor-level ops left; ALU dtypes agree."""
+  stage = f"kernel {ast.arg}"
+  for node in _kernel_nodes(stage, ast):
     if node.op is Ops.INDEX:
       if node.src[0].op is not Ops.DEFINE_GLOBAL: _fail(stage, node, "INDEX must address a DEFINE_GLOBAL")
       if node.src[1].dtype != dtypes.index: _fail(stage, node, f"index has dtype {node.src[1].dtype!r}")
       if len(node.src) > 2 and node.src[2].dtype != dtypes.bool: _fail(stage, node, "gate must be bool")
     if node.op is Ops.RANGE and node.dtype != dtypes.index: _fail(stage, node, "ranges have dtype index")
-    if node.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in node.src[1:]):
-      _fail(stage, node, "REDUCE loops over RANGEs only")
     if node.op is Ops.DEFINE_GLOBAL and not isinstance(node.dtype, PtrDType):
       _fail(stage, node, "a kernel parameter is a pointer")
 
@@ -89,10 +98,8 @@ def verify_program(name: str, program: list[UOp]) -> None:
 
 
 def _check_barrier(stage: str, barrier: UOp, open_loops: list[UOp], parallel: list[UOp]) -> None:
-  if barrier.src[0].op is Ops.DEFINE_LOCAL:
-    # a GPU block's barrier: every thread of the block must reach it, so no loop may be open around it
-    if open_loops: _fail(stage, barrier, f"a block barrier inside {len(open_loops)} loops")
-    return
+  if barrier.src[0].op is Ops.DEFINE_LOCAL: return  # a GPU block's barrier: loops run alike in every thread
+
   if open_loops: _fail(stage, barrier, f"a BARRIER inside {len(open_loops)} loops: the slices would never all meet")
   if barrier.src[0].op is not Ops.DEFINE_SCRATCH: _fail(stage, barrier, "a BARRIER meets on a DEFINE_SCRATCH")
   sizes = {r.src[0].arg if r.src[0].op is Ops.CONST else None for r in parallel}
@@ -108,14 +115,7 @@ def verify_lowering(stage: str, ast: UOp, gone: frozenset[str] = frozenset()) ->
   """Between codegen passes: a SINK of STOREs into INDEXed buffers; ALU dtypes agree; indices are index-typed and
   gates bool; ranges have a known kind, and none of the kinds in `gone` (an earlier pass removed them)."""
   where = f"kernel {ast.arg} after {stage}"
-  if ast.op is not Ops.SINK: _fail(where, ast, "a kernel must be a SINK")
-  for store in ast.src:
-    if store.op is not Ops.STORE or store.src[0].op is not Ops.INDEX:
-      _fail(where, store, "a kernel's SINK holds only STOREs to INDEXed buffers")
-  for node in ast.toposort:
-    if node.op in GroupOp.Movement or node.op in (Ops.REDUCE_AXIS, Ops.BUFFER, Ops.CONTIGUOUS, Ops.DEVICE):
-      _fail(where, node, "tensor-level op left in a kernel")
-    if node.op in GroupOp.ALU: _check_alu_dtypes(where, node)
+  for node in _kernel_nodes(where, ast):
     if node.op is Ops.INDEX:
       if node.src[0].op not in _BUFFER_OPS: _fail(where, node, f"INDEX addresses {node.src[0].op}, not a buffer")
       if node.src[1].dtype.scalar != dtypes.index: _fail(where, node, f"index has dtype {node.src[1].dtype!r}")
@@ -123,5 +123,3 @@ def verify_lowering(stage: str, ast: UOp, gone: frozenset[str] = frozenset()) ->
     if node.op is Ops.RANGE:
       if node.arg[1] not in _KINDS: _fail(where, node, f"unknown range kind {node.arg[1]!r}")
       if node.arg[1] in gone: _fail(where, node, f"a {node.arg[1]} range is left after {stage}")
-    if node.op is Ops.REDUCE and any(r.op is not Ops.RANGE for r in node.src[1:]):
-      _fail(where, node, "REDUCE loops over RANGEs only")

@@ -51,7 +51,7 @@ def fold_by_bounds(node: UOp) -> UOp | None:
 MAX_FLAT_TERMS = 64  # a sum or product shared in itself (x = x + x, repeated) would flatten to 2**depth terms
 
 
-def _sum_terms(node: UOp) -> list[tuple[int, UOp | None]]:
+def sum_terms(node: UOp) -> list[tuple[int, UOp | None]]:
   """A sum as (coefficient, term) pairs; the constant part has term None. Flattening stops at MAX_FLAT_TERMS."""
   terms: list[tuple[int, UOp | None]] = []
   pending = [node]
@@ -92,7 +92,7 @@ def build_sum(dtype: DType, coefficients: dict[UOp, int], constant: int) -> UOp:
 def _collect_sum(node: UOp) -> tuple[dict[UOp, int], int]:
   coefficients: dict[UOp, int] = {}
   constant = 0
-  for coefficient, term in _sum_terms(node):
+  for coefficient, term in sum_terms(node):
     if term is None: constant += coefficient
     else: coefficients[term] = coefficients.get(term, 0) + coefficient
   _recombine_divmod(coefficients)
@@ -218,7 +218,7 @@ def _false_like(x: UOp) -> UOp:
   return UOp.const(dtypes.bool, False)
 
 
-x_var, y_var = UPat.var("x"), UPat.var("y")
+x_var = UPat.var("x")
 int_dtypes = (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8, dtypes.uint16, dtypes.uint32,
               dtypes.uint64, dtypes.index)
 

@@ -85,8 +85,9 @@ class KernelInterface:
   def read32(self, address: int) -> int:
     return ctypes.c_uint32.from_address(address).value
 
-  def register_program(self, code: bytes, program_text: str, facts: object) -> None:
-    """An emulated GPU learns the linear program behind a kernel's machine code; the real kernel ignores it."""
+  def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
+    """An emulated GPU learns the linear program behind the machine code placed at a GPU address; the real kernel
+    ignores it."""
 
 
 def host_view(address: int, nbytes: int) -> np.ndarray:

@@ -6,7 +6,7 @@ block lives in device-visible memory of its own, so a replay patches input addre
 and submits the same encoded queues again. Copies within a device are copy-engine commands of the graph; copies
 between devices go through the host at their place in the order.
 
-The tensor-level `jit` decorator (rawgrad/jit.py) decides what is captured and what an input is.
+The tensor-level `jit` decorator (rawgrad/tensor_jit.py) decides what is captured and what an input is.
 """
 from __future__ import annotations
 
@@ -170,7 +170,7 @@ class CommandGraph:
         queue.copy(item.dest.address, item.src.address, item.src.nbytes)
         continue
       args = item.runner.args(item.buffers, item.var_values)
-      memory = device.host_memory(8 * max(len(args), 1))
+      memory = device.argument_block(len(args), persistent=True)
       self._memory.append(memory)
       block = memory.host.view(np.uint64)
       block[:len(args)] = [arg & (2**64 - 1) for arg in args]

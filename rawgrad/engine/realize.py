@@ -91,13 +91,14 @@ class KernelCompiler:
     return _remember(key, build_runner(device, ast, lowered, lib.result()))
 
 
-def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = None) -> None:
+def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = None, timed: bool | None = None) -> None:
   """Run the kernels and copies in order. Kernels the compiler has not started yet are all started first, so that
-  running the first kernels overlaps compiling the last."""
+  running the first kernels overlaps compiling the last. Timed (with DEBUG >= 2 or PROFILE unless given), every
+  kernel is waited for and its device time counted in GlobalCounters.time_sum_s."""
   if compiler is None:
-    with KernelCompiler() as compiler: return run_schedule(items, compiler)
+    with KernelCompiler() as compiler: return run_schedule(items, compiler, timed)
   for item in items: compiler.start(item_device(item), item.ast)
-  timed = DEBUG >= 2 or bool(PROFILE)
+  if timed is None: timed = DEBUG >= 2 or bool(PROFILE)
   for item in items:
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
     if item.ast.op is Ops.COPY:

@@ -12,10 +12,13 @@ from rawgrad.compiler.codegen.lower import LoweredKernel
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.render.llvmir import kernel_symbol
 from rawgrad.compiler.symbolic import evaluate
+from rawgrad.helpers import LRUCache
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device
 from rawgrad.runtime.hcq import COPY, HWQueue
 from rawgrad.runtime.interpreter import kernel_parameters
+
+COSTS_PER_RUNNER = 1024  # variable values whose cost a runner remembers; the least recently used go first
 
 
 @dataclass
@@ -29,7 +32,7 @@ class CompiledRunner:
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
-  costs: dict = field(default_factory=dict)
+  costs: LRUCache[tuple, KernelCost] = field(default_factory=lambda: LRUCache(COSTS_PER_RUNNER))
 
   @property
   def program(self) -> list[UOp]:
@@ -39,8 +42,8 @@ class CompiledRunner:
     """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
     time would put the whole program on the launch path)."""
     key = tuple(sorted((v.arg[0], value) for v, value in var_values.items()))
-    if key not in self.costs: self.costs[key] = estimate_cost(self.program, var_values)
-    return self.costs[key]
+    if (cost := self.costs.get(key)) is None: cost = self.costs.put(key, estimate_cost(self.program, var_values))
+    return cost
 
   def args(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> list[int]:
     """The argument block's 8-byte slots: the addresses of the buffers the program uses, then variable values."""

@@ -122,6 +122,14 @@ class Linear(Module):
     return x.linear(self.weight, self.bias)
 
 
+def _check_conv_arguments(name: str, in_channels: int, out_channels: int, groups: int, padding_mode: str) -> None:
+  if padding_mode != "zeros":
+    raise ValueError(f"{name}: only padding_mode='zeros' is supported, got {padding_mode!r}")
+  if groups < 1 or in_channels % groups or out_channels % groups:
+    raise ValueError(f"{name}: in_channels {in_channels} and out_channels {out_channels} must be divisible by "
+                     f"groups {groups}")
+
+
 class _ConvNd(Module):
   """Shared construction of Conv1d and Conv2d: weight (out, in/groups, *kernel) and bias (out,)."""
   dims = 0
@@ -129,12 +137,7 @@ class _ConvNd(Module):
   def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1,
                padding: Size | str = 0, dilation: Size = 1, groups: int = 1, bias: bool = True,
                padding_mode: str = "zeros", device: str | None = None, dtype: DType | None = None):
-    name = type(self).__name__
-    if padding_mode != "zeros":
-      raise ValueError(f"{name}: only padding_mode='zeros' is supported, got {padding_mode!r}")
-    if groups < 1 or in_channels % groups or out_channels % groups:
-      raise ValueError(f"{name}: in_channels {in_channels} and out_channels {out_channels} must be divisible by "
-                       f"groups {groups}")
+    _check_conv_arguments(type(self).__name__, in_channels, out_channels, groups, padding_mode)
     self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
     self.kernel_size = _pair(kernel_size, self.dims, "kernel_size")
     self.stride, self.dilation = stride, dilation
@@ -164,11 +167,7 @@ class ConvTranspose2d(Module):
   def __init__(self, in_channels: int, out_channels: int, kernel_size: Size, stride: Size = 1, padding: Size = 0,
                output_padding: Size = 0, groups: int = 1, bias: bool = True, dilation: Size = 1,
                padding_mode: str = "zeros", device: str | None = None, dtype: DType | None = None):
-    if padding_mode != "zeros":
-      raise ValueError(f"ConvTranspose2d: only padding_mode='zeros' is supported, got {padding_mode!r}")
-    if groups < 1 or in_channels % groups or out_channels % groups:
-      raise ValueError(f"ConvTranspose2d: in_channels {in_channels} and out_channels {out_channels} must be "
-                       f"divisible by groups {groups}")
+    _check_conv_arguments("ConvTranspose2d", in_channels, out_channels, groups, padding_mode)
     self.in_channels, self.out_channels, self.groups = in_channels, out_channels, groups
     self.kernel_size = _pair(kernel_size, 2, "kernel_size")
     self.stride, self.padding, self.output_padding, self.dilation = stride, padding, output_padding, dilation

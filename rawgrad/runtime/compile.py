@@ -75,17 +75,23 @@ class LLVMCompiler:
     return self._tm.emit_assembly(self._optimized(src))
 
   def _optimized(self, src: str) -> llvm.ModuleRef:
-    try:
-      mod = llvm.parse_assembly(src)
-      mod.verify()
-    except RuntimeError as e:
-      raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
-    mod.triple, mod.data_layout = self._tm.triple, str(self._tm.target_data)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.slp_vectorization = True  # off by default here; it packs straight-line float math into vector instructions
-    pb = llvm.create_pass_builder(self._tm, pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
+    # SLP vectorization is off by default; it packs straight-line float math into vector instructions
+    return _optimized_module(self._tm, src, slp_vectorization=True)
+
+
+def _optimized_module(machine: llvm.TargetMachine, src: str, slp_vectorization: bool = False) -> llvm.ModuleRef:
+  """The module of LLVM IR `src`, verified and optimized at O3 for `machine`."""
+  try:
+    module = llvm.parse_assembly(src)
+    module.verify()
+  except RuntimeError as e:
+    raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
+  module.triple, module.data_layout = machine.triple, str(machine.target_data)
+  tuning = llvm.create_pipeline_tuning_options(speed_level=3)
+  tuning.slp_vectorization = slp_vectorization
+  pass_builder = llvm.create_pass_builder(machine, tuning)
+  pass_builder.getModulePassManager().run(module, pass_builder)
+  return module
 
 
 # *** NVIDIA: PTX and cubins
@@ -107,15 +113,7 @@ class PTXCompiler:
 
   def ptx(self, src: str) -> str:
     """The PTX assembly of an LLVM IR module."""
-    try:
-      module = llvm.parse_assembly(src)
-      module.verify()
-    except RuntimeError as e:
-      raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
-    module.triple, module.data_layout = self._tm.triple, str(self._tm.target_data)
-    pass_builder = llvm.create_pass_builder(self._tm, llvm.create_pipeline_tuning_options(speed_level=3))
-    pass_builder.getModulePassManager().run(module, pass_builder)
-    return self._tm.emit_assembly(module)
+    return self._tm.emit_assembly(_optimized_module(self._tm, src))
 
   def assembly(self, src: str) -> str:
     """The device assembly (PTX) of a module."""

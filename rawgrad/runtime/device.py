@@ -85,9 +85,6 @@ class _DeviceRegistry:
       self._opened[name] = device
     return self._opened[name]
 
-  def opened(self) -> list[Any]:
-    return list(self._opened.values())
-
 
 Device = _DeviceRegistry()
 

@@ -83,8 +83,9 @@ class HWQueue:
 
   def exec(self, program: Any, kernargs: int, global_size: tuple[int, int, int] = (1, 1, 1),
            local_size: tuple[int, int, int] = (1, 1, 1)) -> HWQueue:
-    """Run `program` over the argument block at device address `kernargs`: global_size blocks of local_size threads
-    (on the CPU, global_size[0] slices of its parallel loop)."""
+    """Run `program` over the argument block at device address `kernargs` (from device.argument_block: the device
+    may use the prefix before it): global_size blocks of local_size threads (on the CPU, global_size[0] slices of
+    its parallel loop)."""
     if len(global_size) != 3 or len(local_size) != 3 or min(*global_size, *local_size) < 0:
       raise ValueError(f"a launch needs three non-negative sizes each, got {global_size} and {local_size}")
     self.commands.append(Command("exec", (program, kernargs, tuple(global_size), tuple(local_size))))
@@ -170,6 +171,8 @@ class HCQDevice:
   `_submit(encoded, engine)`; `wait_signal`, `set_signal`, `check_faults` and `timestamp_ns` where the defaults do
   not fit."""
   shared_engines = False    # both engines feed one in-order stream (no waits needed between them)
+  kernargs_prefix_bytes = 0  # room a launch needs just before its argument block (NV: the QMD, the driver constants)
+  kernargs_alignment = 64
   timestamp_bytes = 8       # one TIMESTAMP's slot; the time is its last 8 bytes
 
   def __init__(self, name: str, target: Target, allocator: Any, compiler: Any, renderer: Any, program_class: Any):
@@ -259,11 +262,22 @@ class HCQDevice:
 
   # ** launching
 
+  def argument_block(self, slots: int, persistent: bool = False) -> DeviceMemory:
+    """Room for a launch's argument block of 8-byte slots, with the device's prefix just before it: from the ring
+    (reused once the device is past it), or of its own for a queue that is replayed (a jit capture)."""
+    nbytes = self.kernargs_prefix_bytes + 16 * max(-(-slots // 2), 1)  # whole 16-byte rows (NV's banks read them)
+    if not persistent:
+      return self.kernargs.alloc(nbytes, self.kernargs_alignment).view(self.kernargs_prefix_bytes, nbytes -
+                                                                         self.kernargs_prefix_bytes)
+    memory = self.host_memory(nbytes + self.kernargs_alignment)
+    start = (-memory.address) % self.kernargs_alignment + self.kernargs_prefix_bytes
+    return memory.view(start, nbytes - self.kernargs_prefix_bytes)
+
   def launch(self, program: Any, args: list[int], global_size: tuple[int, int, int],
              local_size: tuple[int, int, int], timed: bool = False) -> tuple[int, int] | None:
     """Run a program once: its argument block (8-byte slots) goes into the ring, the launch onto the compute engine.
     With `timed`, waits for it and returns the device's start and end times in ns."""
-    block = self.kernargs.alloc(8 * max(len(args), 1))
+    block = self.argument_block(len(args))
     block.host.view(np.uint64)[:len(args)] = [arg & (2**64 - 1) for arg in args]
     queue = HWQueue()
     if timed:

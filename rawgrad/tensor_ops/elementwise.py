@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
+from rawgrad.tensor_ops.helpers import TensorBase
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -76,7 +77,7 @@ _ROUNDING_MODES = (None, "trunc", "floor")
 _MAX_SQUARING_EXPONENT = 64
 
 
-class ElementwiseOps:
+class ElementwiseOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
@@ -793,13 +794,24 @@ def _truncating_divide(x: Tensor, y: Tensor) -> Tensor:
 def _floor_divide(x: Tensor, y: Tensor) -> Tensor:
   _check_not_bool(x, "floor division")
   if dtypes.is_float(x.dtype): return _float_function(x, lambda a: _float_floor_divide(a, y.cast(a.dtype)))
+  return _integer_divmod(x, y)[0]
+
+
+def _integer_divmod(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+  """Python's x // y and x % y for integers, from the hardware's truncating IDIV and MOD (0 for both where y is 0)."""
   divisor = _safe_divisor(y)
-  quotient = _alu(x, Ops.IDIV, divisor)
+  quotient, modulus = _alu(x, Ops.IDIV, divisor), _alu(x, Ops.MOD, divisor)
   if not dtypes.is_unsigned(x.dtype):
-    remainder = _alu(x, Ops.MOD, divisor)
-    quotient = ((remainder != 0) & ((remainder < 0) != (divisor < 0))).where(quotient - 1, quotient)
-    quotient = (y == -1).where(-x, quotient)
-  return (y == 0).where(0, quotient)
+    rounded_toward_zero = _signs_differ(modulus, divisor)
+    quotient = (y == -1).where(-x, rounded_toward_zero.where(quotient - 1, quotient))
+    modulus = rounded_toward_zero.where(modulus + divisor, modulus)
+  return (y == 0).where(0, quotient), (y == 0).where(0, modulus)
+
+
+def _signs_differ(remainder: Tensor, divisor: Tensor) -> Tensor:
+  """Whether a truncating division left a nonzero remainder of the sign opposite to the divisor's: there the floored
+  quotient is one less, and Python's modulus is the remainder plus the divisor."""
+  return (remainder != 0) & ((remainder < 0) != (divisor < 0))
 
 
 def _float_floor_divide(x: Tensor, y: Tensor) -> Tensor:
@@ -807,7 +819,7 @@ def _float_floor_divide(x: Tensor, y: Tensor) -> Tensor:
   the wrong sign, and rounded to the nearest integer to remove the division's rounding."""
   modulus = _fmod_float(x, y)
   quotient = (x - modulus) / y
-  quotient = ((modulus != 0) & ((modulus < 0) != (y < 0))).where(quotient - 1, quotient)
+  quotient = _signs_differ(modulus, y).where(quotient - 1, quotient)
   floored = _floor(quotient)
   floored = (quotient - floored > 0.5).where(floored + 1, floored)
   true_quotient = x / y
@@ -824,16 +836,12 @@ def _fmod(x: Tensor, y: Tensor) -> Tensor:
 def _remainder(x: Tensor, y: Tensor) -> Tensor:
   _check_not_bool(x, "remainder")
   if dtypes.is_float(x.dtype): return _float_function(x, lambda a: _float_remainder(a, y.cast(a.dtype)))
-  divisor = _safe_divisor(y)
-  modulus = _alu(x, Ops.MOD, divisor)
-  if not dtypes.is_unsigned(x.dtype):
-    modulus = ((modulus != 0) & ((modulus < 0) != (divisor < 0))).where(modulus + divisor, modulus)
-  return (y == 0).where(0, modulus)
+  return _integer_divmod(x, y)[1]
 
 
 def _float_remainder(x: Tensor, y: Tensor) -> Tensor:
   modulus = _fmod_float(x, y)
-  modulus = ((modulus != 0) & ((modulus < 0) != (y < 0))).where(modulus + y, modulus)
+  modulus = _signs_differ(modulus, y).where(modulus + y, modulus)
   return (modulus == 0).where(_with_sign_of(x.zeros_like(), y), modulus)  # a zero takes the divisor's sign
 
 

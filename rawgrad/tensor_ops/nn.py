@@ -14,9 +14,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
+from rawgrad.compiler.gradient import custom_gradients
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.helpers import TensorBase
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -184,7 +186,6 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
   outside the output). As a transposed convolution, the output gradient is padded into a buffer first and the kernel
   reads it without checks (MNIST's second convolution, batch 128: 40 ms -> 14 ms). The weight's gradient: see
   _weight_gradient."""
-  from rawgrad.compiler.gradient import custom_gradients
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
   # the transposed convolution's size is (out-1)*stride + dilation*(kernel-1) + 1; the rows past it got no window
   extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(spatial, out, stride, dilation, kernel))
@@ -483,7 +484,7 @@ def _probability_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, 
   return _reduce_loss(loss, reduction)
 
 
-class NNOps:
+class NNOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 

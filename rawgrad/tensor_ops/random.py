@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from rawgrad.dtype import DType, dtypes
+from rawgrad.tensor_ops.helpers import TensorBase, shape_arg
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _KEY_PARITY = 0x1BD11BDA
@@ -37,7 +38,7 @@ def threefry2x32(counter0: Any, counter1: Any, key: tuple[int, int]) -> tuple[An
   return x0, x1
 
 
-class RandomOps:
+class RandomOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
@@ -46,90 +47,82 @@ class RandomOps:
     """Restart the random stream: the tensors drawn next are a function of the seed alone."""
     _Generator.seed, _Generator.draws = seed & 0xFFFFFFFF, 0
 
-  @staticmethod
-  def _random_bits(shape: tuple, device: str | None) -> tuple[Any, Any]:
-    from rawgrad.tensor import Tensor
+  @classmethod
+  def _random_bits(cls, shape: tuple, device: str | None) -> tuple[Any, Any]:
     count = math.prod(shape)
     key = (_Generator.seed, _Generator.draws)
     _Generator.draws += 1
     # the bit mixing runs on UOps: shifts and rotations are integer ops the Tensor API need not expose
-    counter = Tensor.arange(count, dtype=dtypes.uint32, device=device).uop
+    counter = cls.arange(count, dtype=dtypes.uint32, device=device).uop
     x0, x1 = threefry2x32(counter, counter.const_like(0), key)
-    return Tensor(x0).reshape(shape), Tensor(x1).reshape(shape)
+    return cls(x0).reshape(shape), cls(x1).reshape(shape)
 
   @staticmethod
   def _bits_to_unit(bits: Any, dtype: DType) -> Any:
     """[0, 1) from the top 24 bits: every value is exact in float32, and 1.0 is never produced."""
-    from rawgrad.tensor import Tensor
-    return (Tensor(bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
+    return (type(bits)(bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
 
-  @staticmethod
-  def rand(*shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
-    from rawgrad.tensor import Tensor, _shape_arg
-    shape = _shape_arg(shape)
-    bits, _ = Tensor._random_bits(shape, device)
-    result = Tensor._bits_to_unit(bits, dtype or dtypes.default_float)
+  @classmethod
+  def rand(cls, *shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
+    shape = shape_arg(shape)
+    bits, _ = cls._random_bits(shape, device)
+    result = cls._bits_to_unit(bits, dtype or dtypes.default_float)
     result.requires_grad = requires_grad
     return result
 
-  @staticmethod
-  def randn(*shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
+  @classmethod
+  def randn(cls, *shape: Any, dtype: DType | None = None, device: str | None = None,
+            requires_grad: bool | None = None):
     """Standard normal numbers by the Box-Muller transform of the two words of each counter."""
-    from rawgrad.tensor import Tensor, _shape_arg
-    shape = _shape_arg(shape)
-    bits0, bits1 = Tensor._random_bits(shape, device)
-    u0, u1 = Tensor._bits_to_unit(bits0, dtypes.float32), Tensor._bits_to_unit(bits1, dtypes.float32)
+    shape = shape_arg(shape)
+    bits0, bits1 = cls._random_bits(shape, device)
+    u0, u1 = cls._bits_to_unit(bits0, dtypes.float32), cls._bits_to_unit(bits1, dtypes.float32)
     # 1 - u0 lies in (0, 1], so the log is finite
     radius = ((1 - u0).log() * -2).sqrt()
     result = (radius * (u1 * (2 * math.pi) + math.pi / 2).sin()).cast(dtype or dtypes.default_float)
     result.requires_grad = requires_grad
     return result
 
-  @staticmethod
-  def uniform(*shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | None = None,
+  @classmethod
+  def uniform(cls, *shape: Any, low: float = 0.0, high: float = 1.0, dtype: DType | None = None,
               device: str | None = None, requires_grad: bool | None = None):
-    from rawgrad.tensor import Tensor
-    result = Tensor.rand(*shape, dtype=dtype, device=device) * (high - low) + low
+    result = cls.rand(*shape, dtype=dtype, device=device) * (high - low) + low
     result.requires_grad = requires_grad
     return result
 
-  @staticmethod
-  def normal(*shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | None = None, device: str | None = None,
-             requires_grad: bool | None = None):
-    from rawgrad.tensor import Tensor
-    result = Tensor.randn(*shape, dtype=dtype, device=device) * std + mean
+  @classmethod
+  def normal(cls, *shape: Any, mean: float = 0.0, std: float = 1.0, dtype: DType | None = None,
+             device: str | None = None, requires_grad: bool | None = None):
+    result = cls.randn(*shape, dtype=dtype, device=device) * std + mean
     result.requires_grad = requires_grad
     return result
 
-  @staticmethod
-  def randint(*shape: Any, low: int = 0, high: int = 10, dtype: DType = dtypes.int32, device: str | None = None):
+  @classmethod
+  def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType = dtypes.int32, device: str | None = None):
     if high <= low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
-    from rawgrad.tensor import Tensor
     span = high - low
     # the product is non-negative, so truncating to an integer is the floor
-    return ((Tensor.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
+    return ((cls.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
 
-  @staticmethod
-  def kaiming_uniform(*shape: Any, a: float = 0.01, dtype: DType | None = None, device: str | None = None,
+  @classmethod
+  def kaiming_uniform(cls, *shape: Any, a: float = 0.01, dtype: DType | None = None, device: str | None = None,
                       requires_grad: bool | None = None):
     """torch.nn.init.kaiming_uniform_ with leaky_relu gain: bound = gain * sqrt(3 / fan_in)."""
-    from rawgrad.tensor import Tensor, _shape_arg
-    shape = _shape_arg(shape)
+    shape = shape_arg(shape)
     fan_in = math.prod(shape[1:]) if len(shape) > 1 else shape[0]
     bound = math.sqrt(2.0 / (1 + a * a)) * math.sqrt(3.0 / max(fan_in, 1))
-    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+    return cls.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
 
-  @staticmethod
-  def glorot_uniform(*shape: Any, dtype: DType | None = None, device: str | None = None,
+  @classmethod
+  def glorot_uniform(cls, *shape: Any, dtype: DType | None = None, device: str | None = None,
                      requires_grad: bool | None = None):
     """Xavier/Glorot uniform: bound = sqrt(6 / (fan_in + fan_out))."""
-    from rawgrad.tensor import Tensor, _shape_arg
-    shape = _shape_arg(shape)
+    shape = shape_arg(shape)
     receptive = math.prod(shape[2:])
     fan_in = shape[1] * receptive if len(shape) > 1 else shape[0]
     fan_out = shape[0] * receptive
     bound = math.sqrt(6.0 / max(fan_in + fan_out, 1))
-    return Tensor.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
+    return cls.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
 
   def rand_like(self, dtype: DType | None = None):
     return type(self).rand(*self.shape, dtype=dtype or self.dtype, device=self.device)

@@ -5,7 +5,8 @@ import math
 from typing import Any, NamedTuple, Sequence
 
 from rawgrad.compiler.ir import Ops
-from rawgrad.dtype import dtypes
+from rawgrad.dtype import dtypes, sum_acc_dtype
+from rawgrad.tensor_ops.helpers import TensorBase, reduce_axes, resolve_axis
 
 Axis = int | Sequence[int] | None
 
@@ -15,18 +16,16 @@ class ValuesIndices(NamedTuple):
   indices: Any
 
 
-class ReduceOps:
+class ReduceOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
   def prod(self, axis: Axis = None, keepdim: bool = False, dtype: Any = None):
-    from rawgrad.dtype import sum_acc_dtype
     return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim)
 
   def var(self, axis: Axis = None, keepdim: bool = False, correction: int = 1):
     """Variance with Bessel's correction by default (PyTorch's `correction=1`)."""
-    from rawgrad.tensor import _reduce_axes
-    axes = _reduce_axes(axis, self.ndim)
+    axes = reduce_axes(axis, self.ndim)
     count = math.prod(self.shape[a] for a in axes) if self.ndim else 1
     centered = self - self.mean(axis, keepdim=True)
     return (centered * centered).sum(axis, keepdim) / max(count - correction, 0)
@@ -48,16 +47,14 @@ class ReduceOps:
 
   def _positions(self, axis: int):
     """The index along `axis` of every element, as an int32 tensor of self's shape."""
-    from rawgrad.tensor import Tensor
     shape = [1] * self.ndim
     shape[axis] = self.shape[axis]
-    return Tensor.arange(self.shape[axis], device=self.device).reshape(shape).expand(self.shape)
+    return type(self).arange(self.shape[axis], device=self.device).reshape(shape).expand(self.shape)
 
   def argmax(self, axis: int | None = None, keepdim: bool = False):
     """The index of the first maximum (int64, as in PyTorch); over the flattened tensor when axis is None."""
     if axis is None: return self.reshape(-1).argmax(0)
-    from rawgrad.tensor import _resolve_axis
-    axis = _resolve_axis(axis, self.ndim)
+    axis = resolve_axis(axis, self.ndim)
     size = self.shape[axis]
     if size == 0: raise ValueError(f"argmax of an empty axis {axis} of shape {self.shape}")
     is_max = self == self.max(axis, keepdim=True)
@@ -77,8 +74,7 @@ class ReduceOps:
     return shifted if keepdim else shifted.squeeze_axes(axis)
 
   def squeeze_axes(self, axis: Axis):
-    from rawgrad.tensor import _reduce_axes
-    axes = _reduce_axes(axis, self.ndim)
+    axes = reduce_axes(axis, self.ndim)
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def softmax(self, axis: int = -1, dtype: Any = None):
@@ -96,32 +92,29 @@ class ReduceOps:
 
   # *** scans: element i along the axis combines elements 0..i, as one fused masked reduction ***
 
-  def _scan(self, axis: int, fill: Any, combine: Ops):
-    from rawgrad.tensor import Tensor, _resolve_axis
-    axis = _resolve_axis(axis, self.ndim)
+  def _scan(self, axis: int, fill: Any):
+    axis = resolve_axis(axis, self.ndim)
     moved = self.transpose(axis, -1)
     size = moved.shape[-1]
-    earlier = Tensor.arange(size, device=self.device).reshape(1, size) <= \
-      Tensor.arange(size, device=self.device).reshape(size, 1)
+    earlier = type(self).arange(size, device=self.device).reshape(1, size) <= \
+      type(self).arange(size, device=self.device).reshape(size, 1)
     # rows of the (size, size) mask pick the elements each output position combines
     window = earlier.where(moved.unsqueeze(-2).expand(*moved.shape[:-1], size, size), fill)
     return window, axis
 
   def cumsum(self, axis: int = 0, dtype: Any = None):
-    from rawgrad.dtype import sum_acc_dtype
     x = self.cast(dtype or sum_acc_dtype(self.dtype))
-    window, axis = x._scan(axis, 0, Ops.ADD)
+    window, axis = x._scan(axis, 0)
     return window.sum(-1).transpose(axis, -1)
 
   def cumprod(self, axis: int = 0, dtype: Any = None):
-    from rawgrad.dtype import sum_acc_dtype
     x = self.cast(dtype or sum_acc_dtype(self.dtype))
-    window, axis = x._scan(axis, 1, Ops.MUL)
+    window, axis = x._scan(axis, 1)
     return window.prod(-1).transpose(axis, -1)
 
   def cummax(self, axis: int = 0) -> ValuesIndices:
     lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
-    window, resolved = self._scan(axis, lowest, Ops.MAX)
+    window, resolved = self._scan(axis, lowest)
     values = window.max(-1).transpose(resolved, -1)
     return ValuesIndices(values, self._scan_indices(values, resolved))
 
@@ -134,10 +127,9 @@ class ReduceOps:
 
   def _scan_indices(self, running: Any, axis: int):
     """Index of the last element so far equal to the running extreme (PyTorch's choice for ties)."""
-    from rawgrad.tensor import Tensor
     moved, target = self.transpose(axis, -1), running.transpose(axis, -1)
     size = moved.shape[-1]
-    positions = Tensor.arange(size, device=self.device)
+    positions = type(self).arange(size, device=self.device)
     earlier = positions.reshape(1, size) <= positions.reshape(size, 1)
     hits = earlier & (moved.unsqueeze(-2) == target.unsqueeze(-1))
     return hits.where(positions.reshape(1, size), -1).max(-1).cast(dtypes.int64).transpose(axis, -1)

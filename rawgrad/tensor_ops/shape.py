@@ -17,6 +17,7 @@ import numpy as np
 
 from rawgrad.dtype import DType, dtypes, least_upper_dtype
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -25,7 +26,7 @@ PAD_MODES = ("constant", "reflect", "replicate", "circular")
 SCATTER_REDUCTIONS = ("sum", "prod", "mean", "amax", "amin")
 
 
-class ShapeOps:
+class ShapeOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
 
@@ -97,7 +98,7 @@ class ShapeOps:
 
   def repeat(self, *repeats: Any) -> Tensor:
     """Tile the tensor `repeats[i]` times along dim i, as torch.Tensor.repeat (extra leading repeats add dims)."""
-    repeats = _sizes(repeats)
+    repeats = shape_arg(repeats)
     if len(repeats) < self.ndim:
       raise ValueError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {repeats}")
     if any(r < 0 for r in repeats): raise ValueError(f"repeat counts must not be negative, got {repeats}")
@@ -108,7 +109,7 @@ class ShapeOps:
     return tiled.reshape(tuple(count * size for count, size in zip(repeats, shape)))
 
   def tile(self, *dims: Any) -> Tensor:
-    dims = _sizes(dims)
+    dims = shape_arg(dims)
     return self.repeat((1,) * (self.ndim - len(dims)) + dims)
 
   def repeat_interleave(self, repeats: int, dim: int | None = None) -> Tensor:
@@ -160,14 +161,13 @@ class ShapeOps:
   def masked_fill(self, mask: Tensor, value: Any) -> Tensor:
     """`value` where `mask` is True, else self; mask broadcasts to self's shape and the dtype stays self's."""
     if mask.dtype != dtypes.bool: raise TypeError(f"masked_fill needs a bool mask, got {mask.dtype}")
-    from rawgrad.tensor import Tensor, broadcast_shape
     if broadcast_shape(mask.shape, self.shape) != self.shape:
       raise ValueError(f"masked_fill mask of shape {mask.shape} does not broadcast to the tensor's shape {self.shape}")
-    if isinstance(value, Tensor):
+    if isinstance(value, TensorBase):
       if value.ndim != 0: raise ValueError(f"masked_fill value must be a 0-d tensor, got shape {value.shape}")
       fill = value.cast(self.dtype)
     else:
-      fill = Tensor(value, self.device, self.dtype)
+      fill = type(self)(value, self.device, self.dtype)
     return mask.where(fill, self)
 
   def one_hot(self, num_classes: int = -1) -> Tensor:
@@ -281,7 +281,6 @@ class ShapeOps:
     axis = _axis(dim, self.ndim)
     if indices.ndim != self.ndim:
       raise ValueError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
-    from rawgrad.tensor import broadcast_shape
     others = broadcast_shape(_without(self.shape, axis), _without(indices.shape, axis))
     source = self.expand(_inserted(others, axis, self.shape[axis]))
     return source.gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
@@ -340,24 +339,69 @@ class ShapeOps:
     masks (realized to learn the result's shape). Ints, slices and None apply first; then the dims indexed by tensors
     are replaced by the broadcast index shape, in place if those dims are adjacent (ints do not separate them, as in
     torch) and in front otherwise. Negative tensor index values count from the end."""
-    from rawgrad.tensor import _getitem
     items = [_index_item(item) for item in (index if isinstance(index, tuple) else (index,))]
-    if not any(_is_advanced(item) for item in items): return _getitem(self, tuple(items))
+    if not any(_is_advanced(item) for item in items): return self._basic_getitem(tuple(items))
     basic, picks = _split_index(self, items)
-    return _gather_points(_getitem(self, tuple(basic)), picks)
+    return _gather_points(self._basic_getitem(tuple(basic)), picks)
+
+  def _basic_getitem(self, index: Any) -> Tensor:
+    """Basic indexing: ints, slices (any step), None and Ellipsis."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
+    consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
+    if consumed > self.ndim:
+      raise IndexError(f"too many indices for a tensor of shape {self.shape}: {consumed} given")
+    if any(item is Ellipsis for item in items):
+      at = next(i for i, item in enumerate(items) if item is Ellipsis)
+      items[at:at + 1] = [slice(None)] * (self.ndim - consumed)
+    else:
+      items += [slice(None)] * (self.ndim - consumed)
+    result, axis, final_shape = self, 0, []
+    for item in items:
+      if item is None:
+        final_shape.append(1)
+        continue
+      size = result.shape[axis]
+      if isinstance(item, bool) or not isinstance(item, (int, slice)):
+        raise TypeError(f"unsupported index {item!r}: use ints, slices, None or Ellipsis")
+      if isinstance(item, int):
+        if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
+        result = result._slice_axis(axis, item % size, item % size + 1, 1)
+      else:
+        start, stop, step = item.indices(size)
+        result = result._slice_axis(axis, start, stop, step)
+        final_shape.append(result.shape[axis])
+      axis += 1
+    return result.reshape(tuple(final_shape))
+
+  def _slice_axis(self, axis: int, start: int, stop: int, step: int) -> Tensor:
+    if step < 0:
+      # a negative step walks the flipped axis forward
+      size = self.shape[axis]
+      flipped_start, count = size - 1 - start, len(range(start, stop, step))
+      return self.flip(axis)._slice_axis(axis, flipped_start, flipped_start + (count - 1) * -step + 1 if count else
+                                         flipped_start, -step)
+    count = len(range(start, stop, step))
+    bounds = [(0, s) for s in self.shape]
+    if step == 1 or count == 0:
+      bounds[axis] = (start, start + count)
+      return self.shrink(bounds)
+    # take every step-th element: cut, pad to a multiple of step, split the axis and keep the first column
+    bounds[axis] = (start, start + (count - 1) * step + 1)
+    cut = self.shrink(bounds)
+    padding = [(0, 0)] * self.ndim
+    padding[axis] = (0, count * step - cut.shape[axis])
+    split = cut.pad(padding).reshape(*self.shape[:axis], count, step, *self.shape[axis + 1:])
+    keep = [(0, s) for s in split.shape]
+    keep[axis + 1] = (0, 1)
+    return split.shrink(keep).reshape(*self.shape[:axis], count, *self.shape[axis + 1:])
 
 
 # *** helpers: arguments ***
 
 def _axis(dim: int, ndim: int) -> int:
-  from rawgrad.tensor import _resolve_axis
   if isinstance(dim, bool) or not isinstance(dim, int): raise TypeError(f"dim must be an int, got {dim!r}")
-  return _resolve_axis(dim, ndim)
-
-
-def _sizes(values: tuple) -> tuple:
-  from rawgrad.tensor import _shape_arg
-  return _shape_arg(values)
+  return resolve_axis(dim, ndim)
 
 
 def _int_tuple(value: int | Sequence[int]) -> tuple[int, ...]:
@@ -386,12 +430,11 @@ def _pad_axis_to(ndim: int, shape: tuple, target: tuple) -> list[tuple[int, int]
 
 def _join_arguments(first: Any, rest: tuple, dim: int, what: str) -> tuple[list[Tensor], int]:
   """The tensors and dim of cat/stack called as Tensor.cat(a, b, dim=d), a.cat(b), or torch's Tensor.cat([a, b], d)."""
-  from rawgrad.tensor import Tensor
   if isinstance(first, (list, tuple)) and len(rest) == 1 and isinstance(rest[0], int): rest, dim = (), rest[0]
   items = [t for item in (first, *rest) for t in (item if isinstance(item, (list, tuple)) else (item,))]
   if not items: raise ValueError(f"{what} needs at least one tensor")
   for item in items:
-    if not isinstance(item, Tensor): raise TypeError(f"{what} takes tensors, got {type(item).__name__}")
+    if not isinstance(item, TensorBase): raise TypeError(f"{what} takes tensors, got {type(item).__name__}")
   return items, dim
 
 
@@ -401,8 +444,7 @@ def _check_devices(tensors: list[Tensor], what: str) -> None:
 
 
 def _check_index_dtype(index: Any, what: str) -> None:
-  from rawgrad.tensor import Tensor
-  if not isinstance(index, Tensor): raise TypeError(f"{what} index must be a Tensor, got {type(index).__name__}")
+  if not isinstance(index, TensorBase): raise TypeError(f"{what} index must be a Tensor, got {type(index).__name__}")
   if not dtypes.is_int(index.dtype) or index.dtype == dtypes.bool:
     raise TypeError(f"{what} index must have an integer dtype, got {index.dtype}")
 
@@ -447,11 +489,10 @@ def _select_along(source: Tensor, axis: int, index: Tensor) -> Tensor:
 
 def _scatter_source(self: Tensor, index: Tensor, src: Any, axis: int) -> Tensor:
   """src as a tensor of index's shape and self's dtype, after checking the shapes torch requires."""
-  from rawgrad.tensor import Tensor
   if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
     raise ValueError(f"scatter index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                      f"outside dim {axis}")
-  if not isinstance(src, Tensor): return Tensor.full(index.shape, src, self.dtype, self.device)
+  if not isinstance(src, TensorBase): return type(self).full(index.shape, src, self.dtype, self.device)
   if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
     raise ValueError(f"scatter src of shape {src.shape} must have the dims of index {index.shape} and be no smaller")
   return src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
@@ -487,7 +528,6 @@ def _scatter_combine(hits: Tensor, source: Tensor, axis: int, reduce: str) -> Te
 
 def _index_item(item: Any) -> Any:
   """An index entry in canonical form: numpy scalars become Python scalars, lists and arrays become tensors."""
-  from rawgrad.tensor import Tensor
   if isinstance(item, np.bool_): return bool(item)
   if isinstance(item, np.integer): return int(item)
   if isinstance(item, (list, tuple, np.ndarray)):
@@ -495,7 +535,7 @@ def _index_item(item: Any) -> Any:
     if array.size == 0: array = array.astype(np.int32)
     if array.dtype.kind not in "biu": raise IndexError(f"index lists must hold ints or bools, got {array.dtype}")
     return _StaticIndex(array)
-  if isinstance(item, Tensor) and item.dtype != dtypes.bool and not dtypes.is_int(item.dtype):
+  if isinstance(item, TensorBase) and item.dtype != dtypes.bool and not dtypes.is_int(item.dtype):
     raise IndexError(f"tensors used as indices must have an integer or bool dtype, got {item.dtype}")
   return item
 
@@ -509,15 +549,13 @@ class _StaticIndex:
 
 
 def _is_advanced(item: Any) -> bool:
-  from rawgrad.tensor import Tensor
-  return isinstance(item, (bool, Tensor, _StaticIndex))
+  return isinstance(item, (bool, TensorBase, _StaticIndex))
 
 
 def _dims_consumed(item: Any) -> int:
-  from rawgrad.tensor import Tensor
   if item is None or item is Ellipsis or isinstance(item, bool): return 0
   if isinstance(item, _StaticIndex) and item.array.dtype == np.bool_: return item.array.ndim
-  if isinstance(item, Tensor) and item.dtype == dtypes.bool: return item.ndim
+  if isinstance(item, TensorBase) and item.dtype == dtypes.bool: return item.ndim
   return 1
 
 
@@ -549,34 +587,32 @@ def _without_ellipsis(tensor: Tensor, items: list) -> list:
 def _index_entry(item: Any, tensor: Tensor, axis: int) -> tuple[list, list[tuple[int, Tensor, bool]], int]:
   """What one index item contributes: basic index entries, picks (dims relative to its first entry), and how many
   dims of `tensor` it consumes."""
-  from rawgrad.tensor import Tensor
-  if isinstance(item, Tensor) and item.dtype == dtypes.bool and item.ndim == 0: item = bool(item.item())
+  if isinstance(item, TensorBase) and item.dtype == dtypes.bool and item.ndim == 0: item = bool(item.item())
   if isinstance(item, _StaticIndex) and item.array.dtype == np.bool_ and item.array.ndim == 0: item = bool(item.array)
   if isinstance(item, bool):
     # as in torch: a new dim of size 1, indexed by [0] (True) or by nothing (False)
-    return [None], [(0, _int_index([0] if item else [], tensor.device), True)], 0
+    return [None], [(0, _int_index([0] if item else [], tensor), True)], 0
   if item is None: return [None], [], 0
   if isinstance(item, (int, slice)): return [item], [], 1
   if (mask := _host_mask(item, tensor, axis)) is not None:
-    positions = [_int_index(p, tensor.device) for p in np.nonzero(mask)]
+    positions = [_int_index(p, tensor) for p in np.nonzero(mask)]
     return [slice(None)] * mask.ndim, [(offset, p, True) for offset, p in enumerate(positions)], mask.ndim
   index = _static_int_index(item, tensor, axis) if isinstance(item, _StaticIndex) else item
   return [slice(None)], [(0, index, index.ndim > 0)], 1
 
 
-def _int_index(values: Any, device: str) -> Tensor:
-  from rawgrad.tensor import Tensor
+def _int_index(values: Any, like: Tensor) -> Tensor:
+  """The int32 index tensor of `values`, on the device of the tensor it indexes."""
   array = np.asarray(values, dtype=np.int32)
   # made 1-D and reshaped back because Tensor(np.ndarray) turns a 0-d array into shape (1,)
-  return Tensor(array.reshape(-1), device).reshape(array.shape)
+  return type(like)(array.reshape(-1), like.device).reshape(array.shape)
 
 
 def _host_mask(item: Any, tensor: Tensor, axis: int) -> np.ndarray | None:
   """A bool mask index as a numpy array, after checking it matches the dims it covers. A mask tensor is realized:
   the result's shape depends on its values, and its True positions are found on the host."""
-  from rawgrad.tensor import Tensor
   if isinstance(item, _StaticIndex) and item.array.dtype == np.bool_: mask = item.array
-  elif isinstance(item, Tensor) and item.dtype == dtypes.bool: mask = item.numpy()
+  elif isinstance(item, TensorBase) and item.dtype == dtypes.bool: mask = item.numpy()
   else: return None
   covered = tuple(tensor.shape[axis:axis + mask.ndim])
   if mask.shape != covered:
@@ -590,12 +626,11 @@ def _static_int_index(item: _StaticIndex, tensor: Tensor, axis: int) -> Tensor:
   values = item.array.astype(np.int64)
   bad = values[(values < -size) | (values >= size)]
   if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for dim {axis} with size {size}")
-  return _int_index(values % max(size, 1), tensor.device)
+  return _int_index(values % max(size, 1), tensor)
 
 
 def _gather_points(x: Tensor, picks: list[tuple[int, Tensor, bool]]) -> Tensor:
   """Replace the picked dims of x by the broadcast shape of their index tensors (torch's placement rule)."""
-  from rawgrad.tensor import broadcast_shape
   if not picks: return x
   try:
     points = broadcast_shape(*(index.shape for _, index, _ in picks))
@@ -708,17 +743,17 @@ def _source_positions(out_size: int, in_size: int, mode: str, align_corners: boo
 
 
 def _resize_axis(tensor: Any, axis: int, out_size: int, mode: str, align_corners: bool | None) -> Any:
-  from rawgrad.tensor import Tensor
+  tensor_type = type(tensor)
   in_size = tensor.shape[axis]
   positions = _source_positions(out_size, in_size, mode, align_corners)
   low = np.floor(positions).astype(np.int32)
-  if mode.startswith("nearest"): return tensor.index_select(axis, Tensor(low, tensor.device))
+  if mode.startswith("nearest"): return tensor.index_select(axis, tensor_type(low, tensor.device))
   high = np.minimum(low + 1, in_size - 1)
   weight_shape = [1] * tensor.ndim
   weight_shape[axis] = out_size
-  weight = Tensor((positions - low).astype(np.float32), tensor.device).reshape(weight_shape).cast(tensor.dtype)
-  below = tensor.index_select(axis, Tensor(low, tensor.device))
-  above = tensor.index_select(axis, Tensor(high.astype(np.int32), tensor.device))
+  weight = tensor_type((positions - low).astype(np.float32), tensor.device).reshape(weight_shape).cast(tensor.dtype)
+  below = tensor.index_select(axis, tensor_type(low, tensor.device))
+  above = tensor.index_select(axis, tensor_type(high.astype(np.int32), tensor.device))
   return below * (1 - weight) + above * weight
 
 

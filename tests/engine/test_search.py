@@ -13,7 +13,7 @@ from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.helpers import Context
 from rawgrad.tensor import Tensor
 
-from conftest import last_kernel, run_item
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 @pytest.fixture

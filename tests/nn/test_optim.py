@@ -148,6 +148,16 @@ def test_loss_decreases(case: str) -> None:
   assert losses[-1] < losses[0] * 0.8, losses
 
 
+def test_adam_moments_after_one_step() -> None:
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = Adam([w, b], lr=0.1, betas=(0.9, 0.99))
+  loss_of(w, b).backward()
+  optimizer.step()
+  for first, second, grad in zip(optimizer.exp_avgs, optimizer.exp_avg_sqs, numpy_grads(W0, B0)):
+    np.testing.assert_allclose(first.numpy(), 0.1 * grad, rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(second.numpy(), 0.01 * grad * grad, rtol=1e-4, atol=1e-9)
+
+
 def test_parameters_and_state_keep_their_buffers() -> None:
   w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
   optimizer = Adam([w, b], lr=0.1)

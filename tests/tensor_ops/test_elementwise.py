@@ -472,6 +472,10 @@ def test_integer_powers_shifts_and_unary_ops(dtype: Any) -> None:
   s = amounts.reshape(1, -1)
   assert_exact((strided(x) << Tensor(s)).numpy(), int_reference(lambda a, b: shift_left(a, b, bits), x, s, dtype))
   assert_exact((strided(x) >> Tensor(s)).numpy(), int_reference(lambda a, b: shift_right(a, b, bits), x, s, dtype))
+  assert_exact(Tensor(x).bitwise_left_shift(Tensor(s)).numpy(),
+               int_reference(lambda a, b: shift_left(a, b, bits), x, s, dtype))
+  assert_exact(Tensor(x).bitwise_right_shift(Tensor(s)).numpy(),
+               int_reference(lambda a, b: shift_right(a, b, bits), x, s, dtype))
   t = Tensor(values)
   assert_exact((~t).numpy(), np.invert(values))
   assert_exact(t.bitwise_not().numpy(), np.invert(values))

@@ -3,9 +3,10 @@ turns of a fraction of a second in one run, best of several repetitions, and pri
 ratio.
 
 Our time is `run_schedule` of the tensor's kernels into buffers allocated once: the product path (compiled kernel,
-launch through the device queue on all cores, wait), without scheduling the tensor graph again; the kernels' own time
-(device timestamps, without the launch and the wait) is shown beside it. References write into preallocated outputs
-too (`out=`). BENCH_SECONDS sets the time spent per figure. Not a benchmark itself: run by the others.
+launch through the device queue on all cores, wait for each), without scheduling the tensor graph again; the
+kernels' own time (device timestamps, without the launch and the wait) is shown beside it. References write into
+preallocated outputs too (`out=`). BENCH_SECONDS sets the time spent per figure. Not a benchmark itself: run by the
+others.
 """
 from __future__ import annotations
 
@@ -37,11 +38,11 @@ def kernels_of(*tensors) -> Callable[[], float]:
   """A function that runs the tensors' kernels again into the same buffers and returns their device time; compiled
   and run once now."""
   items = create_schedule([tensor.uop for tensor in tensors]).items
-  run_schedule(items)
+  run_schedule(items, timed=True)
 
   def run() -> float:
     before = GlobalCounters.time_sum_s
-    run_schedule(items)
+    run_schedule(items, timed=True)  # every kernel waited for, as a user's realize-and-read would
     return GlobalCounters.time_sum_s - before
   return run
 

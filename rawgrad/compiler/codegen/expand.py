@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import itertools
 
-from rawgrad.compiler.codegen.opt.kernel import LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, range_kind
+from rawgrad.compiler.codegen.linearize import is_staging
+from rawgrad.compiler.codegen.opt.kernel import (LOOP_KINDS, UNROLL, UPCAST, all_ranges, identity_const, range_kind,
+                                                 stride)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify
@@ -94,7 +96,7 @@ class _Expander:
       free = frozenset().union(*(self.free[s] for s in node.src)) if node.src else frozenset()
       if node in expanded: free |= {node}
       if node.op is Ops.REDUCE: free -= set(node.src[1:])
-      if node.op is Ops.AFTER: free = frozenset()  # a staged local buffer holds every copy and lane
+      if is_staging(node): free = frozenset()  # a staged local buffer holds every copy and lane
       self.free[node] = free
       self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
     self.cache: dict[tuple, UOp] = {}
@@ -129,16 +131,7 @@ class _Expander:
   def lane_stride(self, index: UOp) -> int | None:
     """How much the index grows from one lane to the next: 0 if it does not depend on the lanes, None unless it is
     `stride*lane + (terms without the lane)`."""
-    if not self.uses_lanes(index): return 0
-    stride = None
-    for term in _sum_terms(index):
-      if term is self.upcast: coefficient = 1
-      elif term.op is Ops.MUL and term.src[0] is self.upcast and term.src[1].op is Ops.CONST:
-        coefficient = term.src[1].arg
-      elif self.upcast in term.toposort: return None
-      else: continue
-      stride = coefficient if stride is None else stride + coefficient
-    return stride
+    return stride(index, self.upcast) if self.uses_lanes(index) else 0
 
   def vector(self, expr: UOp) -> UOp:
     """An index or gate expression evaluated for every lane at once (vector arithmetic over the lane numbers)."""
@@ -252,8 +245,3 @@ def _index(original: UOp, buffer: UOp, index: UOp, gate: UOp | None) -> UOp:
   if gate is not None and gate.op is Ops.CONST and gate.dtype.count == 1:
     if gate.arg is True: gate = None
   return UOp(Ops.INDEX, original.dtype, (buffer, index) if gate is None else (buffer, index, gate))
-
-
-def _sum_terms(node: UOp) -> list[UOp]:
-  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
-  return [node]

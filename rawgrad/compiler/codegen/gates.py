@@ -43,7 +43,7 @@ def _use_condition(where: UOp) -> UOp:
   if condition.dtype == dtypes.bool and (resolved := _resolved_condition(condition)) is not condition:
     where = where.replace(src=(resolved, value, other))
   mapping = {}
-  for node in value.reachable_without_entering(Ops.REDUCE):
+  for node in value.reachable_without_entering(lambda node: node.op is Ops.REDUCE):
     if node.op is not Ops.LOAD or node.src[0].op is not Ops.INDEX or len(node.src[0].src) != 2: continue
     buffer, address = node.src[0].src
     if buffer.op is not Ops.DEFINE_GLOBAL: continue

@@ -24,6 +24,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
+from rawgrad.compiler.symbolic import evaluate
 from rawgrad.dtype import DType, dtypes
 
 
@@ -44,6 +45,7 @@ class _Linearizer:
     self.reduces_by_loops: dict[tuple[UOp, ...], list[UOp]] = defaultdict(list)
     self.needs: dict[UOp, set[UOp]] = {}
     self.nest_nodes: set[UOp] = set()  # what the stores of the current loop nest compute
+    self.pending_stagings: list[UOp] = []  # GPU tiles staged inside reduce loops, not copied yet
     for node in sink.toposort:
       if node.op is Ops.REDUCE:
         self.reduces_by_loops[node.src[1:]].append(node)
@@ -60,7 +62,7 @@ class _Linearizer:
     if node.op is Ops.REDUCE:
       self.emit_reduce_group(node)
       return self.scopes[-1][node]
-    if node.op is Ops.AFTER: return self.emit_staging(node)
+    if is_staging(node): return self.emit_staging(node)
     sources = tuple(self.emit(source) for source in node.src)
     instruction = node if sources == node.src else node.replace(src=sources)
     self.program.append(instruction)
@@ -80,14 +82,22 @@ class _Linearizer:
     self.open_loops.pop()
 
   def emit_staging(self, node: UOp) -> UOp:
-    """AFTER(DEFINE_LOCAL, *copy stores): the copy loops, run where the buffer is first needed; its value is the
-    local buffer."""
+    """AFTER(DEFINE_LOCAL, *copy stores) on a CPU, BARRIER(DEFINE_LOCAL, *copy stores) on a GPU: the copy loops,
+    run where the buffer is first needed; its value is the local buffer. On a GPU the block's threads meet after the
+    copy (the BARRIER) and, inside a loop, before it too: no thread refills the buffer while another reads the last
+    tile."""
     local = self.emit(node.src[0])
+    if node.op is Ops.BARRIER and self.open_loops:
+      self.program.append(UOp(Ops.BARRIER, node.dtype, (local,), "refill"))
     loops = sorted({r for store in node.src[1:] for r in store.toposort if r.op is Ops.RANGE and r.arg[1] == "stage"},
                    key=lambda r: r.arg[0])
     for loop in loops: self.open_loop(loop)
     for store in node.src[1:]: self.emit(store)
     for loop in reversed(loops): self.close_loop(loop)
+    if node.op is Ops.BARRIER:
+      self.program.append(node)
+      self.scopes[-1][node] = node
+      return node
     self.scopes[-1][node] = local
     return local
 
@@ -123,7 +133,10 @@ class _Linearizer:
       identity = reduce_identity(member.arg, member.dtype.scalar)
       registers.append(UOp(Ops.DEFINE_REG, member.dtype, arg=(next(self.registers), identity)))
     self.program.extend(registers)
-    for loop in loops: self.open_loop(loop)
+    for loop in loops:
+      self.open_loop(loop)
+      # a tile staged in shared memory is copied once per iteration of the loop it belongs to, not per inner one
+      self.emit_ready_stagings(self.pending_stagings)
     for member, register in zip(group, registers): self.accumulate(member, register)
     for loop in reversed(loops): self.close_loop(loop)
     for member, register in zip(group, registers):
@@ -160,10 +173,16 @@ def _is_zero(node: UOp) -> bool:
   return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
 
 
+def is_staging(node: UOp) -> bool:
+  """A staged copy into a local buffer: AFTER(local, copies) on a CPU, BARRIER(local, copies, arg="stage") on a GPU
+  (see opt/kernel.py: stage_load, stage_shared)."""
+  return node.op is Ops.AFTER or (node.op is Ops.BARRIER and node.arg == "stage")
+
+
 def _free_ranges(node: UOp) -> set[UOp]:
   """The ranges a node needs open around it: all it uses except the loops of reductions inside it and of the
   staged copies it reads (those run before it)."""
-  nodes = node.reachable_without_entering(Ops.AFTER) if node.op is not Ops.AFTER else list(node.toposort)
+  nodes = node.reachable_without_entering(is_staging) if not is_staging(node) else list(node.toposort)
   used = {n for n in nodes if n.op is Ops.RANGE}
   own = {r for n in nodes if n.op is Ops.REDUCE for r in n.src[1:]}
   return used - own
@@ -184,7 +203,8 @@ def linearize(ast: UOp) -> list[UOp]:
   loops share one loop nest; stores over different loops (a peeled remainder) share the loops their nests begin
   with."""
   linearizer = _Linearizer(ast)
-  stagings = [node for node in ast.toposort if node.op is Ops.AFTER]
+  stagings = [node for node in ast.toposort if is_staging(node)]
+  linearizer.pending_stagings = [node for node in stagings if node.op is Ops.BARRIER]
   linearizer.emit_ready_stagings(stagings)
   nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
            for loops in dict.fromkeys(tuple(output_loops(store)) for store in ast.src)]
@@ -210,7 +230,9 @@ def linearize(ast: UOp) -> list[UOp]:
 
 
 def _barriers(stores: list[UOp]) -> list[UOp]:
-  return list(dict.fromkeys(node for store in stores for node in store.toposort if node.op is Ops.BARRIER))
+  """The meetings of a split reduction (GROUP's slices, BLOCK_REDUCE's threads), not the barriers of staged tiles."""
+  return list(dict.fromkeys(node for store in stores for node in store.toposort
+                            if node.op is Ops.BARRIER and not is_staging(node)))
 
 
 @dataclass(frozen=True)
@@ -219,22 +241,10 @@ class KernelCost:
   bytes_moved: int
 
 
-# program id -> (the program, kept so its id stays unique; {variable values: cost})
-_costs: dict[int, tuple[list[UOp], dict[tuple, KernelCost]]] = {}
-
-
 def estimate_cost(program: list[UOp], var_values: dict[UOp, int] | None = None) -> KernelCost:
   """ALU operations executed (each counted once per loop iteration, once per vector lane, twice for a fused
-  multiply-add) and bytes of global memory touched. Remembered per program and variable values: a runtime asks on
-  every launch."""
+  multiply-add) and bytes of global memory touched. It walks the whole program: a runner remembers its costs."""
   var_values = var_values or {}
-  key = tuple(sorted((variable.arg[0], value) for variable, value in var_values.items()))
-  _, known = _costs.setdefault(id(program), (program, {}))
-  if key not in known: known[key] = _count_cost(program, var_values)
-  return known[key]
-
-
-def _count_cost(program: list[UOp], var_values: dict[UOp, int]) -> KernelCost:
   multipliers, flops, touched = [1], 0, {}
   for instruction in program:
     if instruction.op is Ops.RANGE: multipliers.append(multipliers[-1] * _evaluate_size(instruction.src[0], var_values))
@@ -251,5 +261,4 @@ def _is_index_math(instruction: UOp) -> bool:
 
 
 def _evaluate_size(node: UOp, var_values: dict[UOp, int]) -> int:
-  from rawgrad.compiler.symbolic import evaluate
   return int(evaluate(node, var_values))

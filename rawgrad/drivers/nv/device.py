@@ -4,12 +4,15 @@ Memory: buffers are video memory the CPU does not map (copies go through pinned 
 pinned host memory (signals, argument blocks, pushbuffers, QMDs, constant banks, staging) sits at the same address
 for the CPU and the GPU. Queues become pushbuffer words: `exec` a QMD launch on the compute channel, `copy` the copy
 engine on the copy channel, `signal`/`timestamp` a host semaphore release that writes the value and the GPU clock,
-`wait` a semaphore acquire. A launch's QMD and constant bank 0 (the driver's constants, then the kernel arguments
-copied from the HCQ argument block) are written into a ring at submit, so a prebuilt queue replays with the argument
-blocks as they are then.
+`wait` a semaphore acquire. A launch's QMD and the driver's constants sit in the prefix HCQ reserves before each
+argument block (kernargs_prefix_bytes), so constant bank 0 is the driver's constants followed by the argument block
+itself: the QMD is written once, when the queue is encoded, and a replayed queue reads the arguments as they are
+patched. (A kernel whose parameters are not the 8-byte slots rawgrad passes gets its QMD and a copied constant bank
+written into a ring at submit instead.)
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,9 +23,10 @@ from rawgrad.compiler.target import gpu_target
 from rawgrad.drivers.nv.channel import (SUBCHANNEL_COMPUTE, SUBCHANNEL_COPY, Channel, ChannelGroup, Pushbuffer,
                                         xid_name)
 from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
-from rawgrad.drivers.nv.gpu import NVGPU
+from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
 from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
-from rawgrad.drivers.nv.qmd import (CONSTANT_BANK_ALIGNMENT, QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
+from rawgrad.drivers.nv.rm import RMError
+from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
                                     qmd_format, set_field)
 from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
@@ -32,13 +36,16 @@ from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, Device
 
 PUSHBUFFER_BYTES = 4 << 20
 LAUNCH_RING_BYTES = 16 << 20
+QMD_SLOT_BYTES = 512              # a QMD (384 bytes on Hopper), then constant bank 0 at the next 256-byte boundary
 CODE_PREFETCH_BYTES = 4096        # instruction prefetch reads past a kernel's end: keep it mapped
 COPY_CHUNK_BYTES = 1 << 31        # LINE_LENGTH_IN is 32 bits
 SETUP_TIMEOUT_S = 10.0
 # the windows through which generic addresses reach shared and local memory: 4 GiB aligned, far from every
 # allocation (our arena is below 2^40)
 SHARED_WINDOW, LOCAL_WINDOW = 0x7000_0000_0000, 0x7001_0000_0000
-PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE  # the QMD memory is reused
+# how SEND_SIGNALING_PCAS2_B starts a launch: an INVALIDATE variant, as QMD memory is reused (NVK uses this one,
+# libcuda on an H100 INVALIDATE_PREFETCH_COPY_SCHEDULE; tools/nv_ladder.py tries both)
+PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE
 
 
 def compute_method(compute_class: int, name: str) -> int:
@@ -61,11 +68,14 @@ class NVProgram:
     self.device, self.name = device, name
     self.facts: KernelFacts = read_kernel(cubin, name)
     self.source_slots, self.bank_offsets = argument_gather(self.facts)
+    # parameter n in 8 bytes at 8*n: constant bank 0 can be the argument block itself
+    self.slots_in_place = all(p.size == 8 and p.offset == 8 * p.ordinal for p in self.facts.parameters)
     code = self.facts.code
     self.memory = device.video_heap.alloc(len(code) + CODE_PREFETCH_BYTES)
     device.copyin(DeviceMemory(self.memory.address, len(code), None, self.memory), memoryview(code))
     self.address = self.memory.address + self.facts.entry
-    if program_text is not None: device.kernel.register_program(code, program_text, self.facts)
+    if program_text is not None:   # an emulated GPU runs this program when a QMD names the entry point
+      device.kernel.register_program(self.address, code[self.facts.entry:], program_text, self.facts)
     device.ensure_local_memory(self.facts.frame_bytes)
 
   def __repr__(self) -> str:
@@ -102,11 +112,8 @@ class EncodedLaunch:
 class EncodedQueue:
   engine: str
   words: np.ndarray
-  launches: list[EncodedLaunch] = field(default_factory=list)
-
-  @property
-  def kernels(self) -> tuple[str, ...]:
-    return tuple(launch.program.name for launch in self.launches)
+  launches: list[EncodedLaunch] = field(default_factory=list)  # the ones whose QMD is placed at submit
+  kernels: tuple[str, ...] = ()                                  # every kernel the queue launches, for fault messages
 
 
 class NVAllocator(Allocator):
@@ -126,25 +133,39 @@ class NVAllocator(Allocator):
 
 # *** the device ***
 
+# where kernel parameters start in constant bank 0, by architecture (notes 7: the bytes before are the driver's)
+PARAMETER_BASE = {"sm_90": 0x210, "sm_89": 0x160, "sm_86": 0x160, "sm_80": 0x160}
+
+
 class NVDevice(HCQDevice):
   timestamp_bytes = 16   # a semaphore release writes the payload, then the GPU clock at +8
+  kernargs_alignment = QMD_ALIGNMENT
 
   def __init__(self, name: str, kernel: KernelInterface | None = None):
     self.kernel = kernel or kernel_interface("nv")
     index = int(name.split(":")[1]) if ":" in name else 0
     self.gpu = NVGPU(self.kernel, index)
     self.fault: str | None = None
+    try:
+      self._open(name)
+    except BaseException:
+      self.gpu.close()   # a half-opened device gives its objects and fds back
+      raise
+
+  def _open(self, name: str) -> None:
     memory = self.gpu.memory
     self.video_heap = SlabHeap(memory.video, memory.free, self._completed, self._submitted)
     self.host_heap = SlabHeap(memory.host, memory.free, self._completed, self._submitted)
     self.group = ChannelGroup(self.gpu)
     self.channels: dict[str, Channel] = {COMPUTE: self.group.compute, COPY: self.group.copy}
-    self.clock_offset_ns = self.gpu.clock_offset_ns()
+    self.clock_offset_ns = 0   # calibrated once the channels run (below)
     self.qmd_format = qmd_format(self.gpu.info.compute_class)
     self.local_memory: Block | None = None
     self.local_bytes_per_thread = 0
     self.setup: dict[str, list[int]] = {COMPUTE: self._compute_setup(), COPY: self._copy_setup()}
     target = gpu_target(self.gpu.info.arch)
+    self.parameter_base = PARAMETER_BASE[self.gpu.info.arch]
+    self.kernargs_prefix_bytes = QMD_SLOT_BYTES + self.parameter_base   # the QMD, then constant bank 0
     embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the cubin
     super().__init__(name, target, NVAllocator(self.video_heap), PTXCompiler(target, embed_program=embed),
                      NVPTXRenderer(target, embed_program=embed), NVProgram)
@@ -152,9 +173,24 @@ class NVDevice(HCQDevice):
     self.launch_ring = HostRing(self, LAUNCH_RING_BYTES, "QMD and constant bank")
     for engine in self.channels: self.submit(HWQueue(), engine)   # binds the engine classes
     self.synchronize(SETUP_TIMEOUT_S)
+    self.clock_offset_ns = self._calibrate_clock()
+
+  def _calibrate_clock(self) -> int:
+    """host monotonic ns - GPU ns: asked of RM, else measured from a semaphore's timestamp between two host times."""
+    try:
+      return self.gpu.clock_offset_ns()
+    except RMError:
+      best = None
+      for _ in range(5):
+        before = time.monotonic_ns()
+        self.synchronize_after(self.submit(HWQueue(), COMPUTE))
+        after = time.monotonic_ns()
+        if best is None or after - before < best[0]:
+          best = (after - before, (before + after) // 2 - int(self.timeline_signal.words[1]))
+      return best[1]
 
   @property
-  def info(self):  # noqa: ANN201 - GPUInfo
+  def info(self) -> GPUInfo:
     return self.gpu.info
 
   def close(self, timeout_s: float = 5.0) -> None:
@@ -221,13 +257,14 @@ class NVDevice(HCQDevice):
   # ** encoding
 
   def encode(self, queue: HWQueue, engine: str) -> EncodedQueue:
-    pushbuffer, launches = Pushbuffer(), []
+    pushbuffer, launches, kernels = Pushbuffer(), [], []
     for command in queue.commands:
       operands = command.operands
       if command.kind == "exec":
         if engine != COMPUTE: raise ValueError(f"{self.name}: kernels run on the {COMPUTE} engine, not {engine}")
-        if launches: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
-        launches.append(self._encode_launch(pushbuffer, *operands))
+        if kernels: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
+        kernels.append(operands[0].name)
+        if (placed := self._encode_launch(pushbuffer, *operands)) is not None: launches.append(placed)
       elif command.kind == "copy":
         if engine != COPY: raise ValueError(f"{self.name}: copies run on the {COPY} engine, not {engine}")
         self._encode_copy(pushbuffer, *operands)
@@ -238,7 +275,7 @@ class NVDevice(HCQDevice):
         pushbuffer.wait_for_idle()
         pushbuffer.membar()
       else: raise ValueError(f"the NV queue has no command {command.kind!r}")
-    return EncodedQueue(engine, pushbuffer.array(), launches)
+    return EncodedQueue(engine, pushbuffer.array(), launches, tuple(kernels))
 
   def _timestamp_slot(self, address: int) -> int:
     if address % self.timestamp_bytes:
@@ -247,15 +284,36 @@ class NVDevice(HCQDevice):
     return address
 
   def _encode_launch(self, pushbuffer: Pushbuffer, program: NVProgram, kernargs: int, grid: tuple[int, int, int],
-                     block: tuple[int, int, int]) -> EncodedLaunch:
+                     block: tuple[int, int, int]) -> EncodedLaunch | None:
+    """SEND_PCAS_A with the launch's QMD: written now into the argument block's prefix (its constant bank is the
+    driver's constants followed by the arguments in place), or placed at submit when the parameters are laid out
+    otherwise (then the EncodedLaunch says where)."""
     if not isinstance(program, NVProgram):
       raise TypeError(f"{self.name} launches NVProgram kernels, not {type(program).__name__}")
     launch = Launch(program.facts, program.address, tuple(grid), tuple(block), 0, SHARED_WINDOW, LOCAL_WINDOW)
     qmd = build_qmd(self.qmd_format, launch)
     compute = self.gpu.info.compute_class
-    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"), 0)
+    in_place = program.slots_in_place and program.facts.parameter_base == self.parameter_base
+    qmd_address = kernargs - self.kernargs_prefix_bytes
+    if in_place:
+      bank_address = qmd_address + QMD_SLOT_BYTES
+      self._point_at_bank(qmd, bank_address)
+      host_view(qmd_address, len(qmd))[:] = np.frombuffer(qmd, dtype=np.uint8)
+      host_view(bank_address, self.parameter_base)[:] = np.frombuffer(driver_constants(launch), dtype=np.uint8)
+    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"),
+                             qmd_address >> 8 if in_place else 0)
     pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_SIGNALING_PCAS2_B"), PCAS_ACTION)
+    if in_place: return None
     return EncodedLaunch(word, qmd, driver_constants(launch), launch.constant_bank_bytes, kernargs, program)
+
+  def _point_at_bank(self, qmd: bytearray, bank_address: int) -> None:
+    format_ = self.qmd_format
+    if format_.major == 4:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
+    else:
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
+      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
 
   def _encode_copy(self, pushbuffer: Pushbuffer, dest: int, source: int, nbytes: int) -> None:
     """A linear copy, in pieces LINE_LENGTH_IN can hold; the first waits for earlier copies (non-pipelined)."""
@@ -279,6 +337,10 @@ class NVDevice(HCQDevice):
     if encoded.engine != engine:
       raise ValueError(f"a queue encoded for the {encoded.engine} engine was submitted to the {engine} engine")
     words = encoded.words.copy()
+    placed = sum(QMD_SLOT_BYTES + launch.bank_bytes for launch in encoded.launches)
+    if placed > LAUNCH_RING_BYTES // 2:   # the ring would wrap onto this queue's own first launches
+      raise ValueError(f"a queue of {len(encoded.launches)} launches needs {placed} bytes of QMDs and constant banks; "
+                       f"the ring holds {LAUNCH_RING_BYTES // 2} per submission: submit it in parts")
     for launch in encoded.launches: words[launch.word] = self._place_launch(launch) >> 8
     setup = self.setup.pop(engine, None)
     if setup: words = np.concatenate([np.array(setup, dtype=np.uint32), words])
@@ -291,17 +353,11 @@ class NVDevice(HCQDevice):
   def _place_launch(self, launch: EncodedLaunch) -> int:
     """Write the launch's QMD and constant bank 0 (with the argument block as it is now) into the ring; returns the
     QMD's address."""
-    qmd_bytes = round_up(len(launch.qmd), CONSTANT_BANK_ALIGNMENT)
+    qmd_bytes = QMD_SLOT_BYTES
     block = self.launch_ring.alloc(qmd_bytes + launch.bank_bytes, alignment=QMD_ALIGNMENT)
     bank_address = block.address + qmd_bytes
     qmd = bytearray(launch.qmd)
-    format_ = self.qmd_format
-    if format_.major == 4:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
-    else:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
+    self._point_at_bank(qmd, bank_address)
     block.host[:len(qmd)] = np.frombuffer(qmd, dtype=np.uint8)
     bank = block.host[qmd_bytes:qmd_bytes + launch.bank_bytes]
     bank[:] = 0

@@ -17,11 +17,15 @@ The GPU: one thread per channel, woken by the doorbell (the channel's token writ
 reads GPPut from USERD, decodes GPFIFO entries and pushbuffer methods from memory, and runs them: host semaphores
 (release with the GPU clock at +8, acquires that poll memory), memory barriers, copy-engine copies and semaphores,
 and compute launches. A launch reads the QMD, checks it (version, sizes, constant bank 0 as the driver must fill it)
-and runs the kernel with the GPU program interpreter: the machine code cannot run here, so the program is found by
-the SHA-256 of the code bytes at the QMD's program address, registered by the driver when it loaded the kernel (the
-compiler carries the linear program after the cubin). A fault (a bad method, an unaligned semaphore, a bad QMD, an
-access to unmapped memory) stops the channel group and writes the error notifier as RM does after a robust-channel
-error; the details go to the log and to `EmulatedKernel.faults`.
+and runs the kernel with the GPU program interpreter: the machine code cannot run here, so the program is found from
+the code bytes at the QMD's program address, registered by the driver when it loaded the kernel (the compiler
+carries the linear program after the cubin): by where the driver placed them, checked against their SHA-256, else by
+the SHA-256 alone. (The hash alone is ambiguous: kernels that differ only in their buffers' sizes, such as an add of 2
+and one of 4 elements without bounds checks, assemble to the same machine code.)
+
+A fault (a bad method, an unaligned semaphore, a bad QMD, an access to unmapped memory) stops the channel group and
+writes the error notifier as RM does after a robust-channel error; the details go to the log and to
+`EmulatedKernel.faults`.
 """
 from __future__ import annotations
 
@@ -63,7 +67,7 @@ GR_INFO = {rm.NV0080_CTRL_GR_INFO_INDEX_SM_VERSION: 0x900, rm.NV0080_CTRL_GR_INF
            rm.NV0080_CTRL_GR_INFO_INDEX_MAX_THREADS_PER_WARP: 32, rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS: 8,
            rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC: 9,
            rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC: 2,
-           rm.NV0080_CTRL_GR_INFO_INDEX_SHADER_PIPE_SUB_COUNT: 66}
+           rm.NV0080_CTRL_GR_INFO_INDEX_SHADER_PIPE_SUB_COUNT: TPC_COUNT}
 FB_INFO = {rm.NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE: VIDEO_MEMORY_BYTES >> 10,
            rm.NV2080_CTRL_FB_INFO_INDEX_TOTAL_RAM_SIZE: VIDEO_MEMORY_BYTES >> 10,
            rm.NV2080_CTRL_FB_INFO_INDEX_BAR1_SIZE: BAR1_BYTES >> 10,
@@ -105,19 +109,28 @@ class RegisteredProgram:
   facts: Any      # the cubin's KernelFacts (registers, parameters, shared memory) the QMD is checked against
 
 
-PROGRAMS: dict[bytes, RegisteredProgram] = {}
+PROGRAMS: dict[bytes, RegisteredProgram] = {}     # SHA-256 of the code -> the first program registered with it
 _programs_lock = threading.Lock()
 
 
-def register_program(code: bytes, program_text: str, facts: Any) -> None:
-  """Remember the linear program behind these code bytes (the driver calls this as it loads a kernel)."""
+def register_program(code: bytes, program_text: str, facts: Any) -> tuple[bytes, RegisteredProgram]:
+  """Remember the linear program behind these code bytes; returns the code's digest and the entry."""
   digest = hashlib.sha256(code).digest()
-  with _programs_lock:
-    if digest not in PROGRAMS: PROGRAMS[digest] = RegisteredProgram(deserialize_program(program_text), len(code), facts)
+  entry = RegisteredProgram(deserialize_program(program_text), len(code), facts)
+  with _programs_lock: PROGRAMS.setdefault(digest, entry)
+  return digest, entry
 
 
-def find_program(read: Callable[[int], bytes]) -> RegisteredProgram | None:
-  """The registered program whose code is at an address (`read(n)` gives the n bytes there)."""
+def find_program(read: Callable[[int], bytes], placed: tuple[bytes, RegisteredProgram] | None = None
+                 ) -> RegisteredProgram | None:
+  """The program whose code is at an address (`read(n)` gives the n bytes there): the one placed there if the bytes
+  still hash to it, else any registered with those bytes."""
+  if placed is not None:
+    digest, entry = placed
+    try:
+      if hashlib.sha256(read(entry.code_bytes)).digest() == digest: return entry
+    except GPUFault:
+      pass
   with _programs_lock:
     lengths = sorted({entry.code_bytes for entry in PROGRAMS.values()})
   for length in lengths:
@@ -260,6 +273,7 @@ class EmulatedKernel(KernelInterface):
     self.channels: dict[int, ChannelEngine] = {}       # work-submit token -> channel
     self.video_bytes = 0
     self.faults: list[str] = []
+    self.placed: dict[int, tuple[bytes, RegisteredProgram]] = {}   # GPU address -> the code the driver put there
     self.lock = threading.RLock()
 
   # ** files
@@ -323,8 +337,8 @@ class EmulatedKernel(KernelInterface):
       if page <= address < page + nbytes and address - page == DOORBELL:
         self._doorbell(value)
 
-  def register_program(self, code: bytes, program_text: str, facts: object) -> None:
-    register_program(code, program_text, facts)
+  def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
+    self.placed[address] = register_program(code, program_text, facts)
 
   # ** ioctl
 
@@ -449,6 +463,9 @@ class EmulatedKernel(KernelInterface):
     cls, params = obj.cls, obj.params
     if cls == rm.NV01_DEVICE_0 and params is not None and params.deviceId != 0:
       raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, f"device instance {params.deviceId}: the machine has one GPU")
+    if cls == rm.NV01_DEVICE_0 and not any(file.kind == "device" for file in self.files.values()):
+      # nv_is_gpu_accessible: the process must hold the GPU's device node open (kernel-open/nvidia/nv.c)
+      raise RMStatus(rm.NV_ERR_INSUFFICIENT_PERMISSIONS, f"no open /dev/nvidia{MINOR}: the GPU is not accessible")
     if cls == rm.FERMI_VASPACE_A:
       flags = params.flags if params is not None else 0
       if flags & rm.NV_VASPACE_ALLOCATION_FLAGS_ENABLE_PAGE_FAULTING and \
@@ -601,13 +618,13 @@ class EmulatedKernel(KernelInterface):
       handler = CONTROLS.get(request.cmd)
       if handler is None or not _control_fits(request.cmd, target.cls):
         raise RMStatus(rm.NV_ERR_NOT_SUPPORTED, f"control {request.cmd:#x} on class {target.cls:#x}")
-      params_type, function = handler
+      params_type, method = handler
       if request.paramsSize != ctypes.sizeof(params_type):
         raise RMStatus(rm.NV_ERR_INVALID_PARAM_STRUCT, f"control {request.cmd:#x} with {request.paramsSize} bytes of "
                                                       f"parameters; it takes {ctypes.sizeof(params_type)}")
       if request.params == 0: raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, "control parameters at NULL")
       params = params_type.from_buffer_copy(ctypes.string_at(request.params, request.paramsSize))
-      function(self, target, params)
+      getattr(self, method)(target, params)
       ctypes.memmove(request.params, bytes(params), request.paramsSize)
       request.status = rm.NV_OK
     except RMStatus as refusal:
@@ -817,22 +834,22 @@ ALLOCATIONS: dict[int, tuple[tuple[int, ...], Any, bool]] = {
   COPY_CLASS: (GPFIFO_CLASSES, None, False),
 }
 
-# control -> (parameter struct, handler); the control's class family is the command's top 16 bits
-CONTROLS: dict[int, tuple[Any, Callable]] = {
+# control -> (parameter struct, the method answering it); the control's class family is the command's top 16 bits
+CONTROLS: dict[int, tuple[Any, str]] = {
   rm.NV0000_CTRL_CMD_GPU_GET_ID_INFO_V2: (rm.NV0000_CTRL_GPU_GET_ID_INFO_V2_PARAMS,
-                                          EmulatedKernel._control_gpu_id_info),
+                                          "_control_gpu_id_info"),
   rm.NV0080_CTRL_CMD_GPU_GET_CLASSLIST_V2: (rm.NV0080_CTRL_GPU_GET_CLASSLIST_V2_PARAMS,
-                                            EmulatedKernel._control_class_list),
-  rm.NV2080_CTRL_CMD_GPU_GET_NAME_STRING: (rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS, EmulatedKernel._control_name),
-  rm.NV2080_CTRL_CMD_GPU_GET_GID_INFO: (rm.NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, EmulatedKernel._control_gid),
-  rm.NV2080_CTRL_CMD_GR_GET_INFO_V2: (rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS, EmulatedKernel._control_gr_info),
-  rm.NV2080_CTRL_CMD_FB_GET_INFO_V2: (rm.NV2080_CTRL_FB_GET_INFO_V2_PARAMS, EmulatedKernel._control_fb_info),
-  rm.NV2080_CTRL_CMD_TIMER_GET_TIME: (rm.NV2080_CTRL_TIMER_GET_TIME_PARAMS, EmulatedKernel._control_time),
+                                            "_control_class_list"),
+  rm.NV2080_CTRL_CMD_GPU_GET_NAME_STRING: (rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS, "_control_name"),
+  rm.NV2080_CTRL_CMD_GPU_GET_GID_INFO: (rm.NV2080_CTRL_GPU_GET_GID_INFO_PARAMS, "_control_gid"),
+  rm.NV2080_CTRL_CMD_GR_GET_INFO_V2: (rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS, "_control_gr_info"),
+  rm.NV2080_CTRL_CMD_FB_GET_INFO_V2: (rm.NV2080_CTRL_FB_GET_INFO_V2_PARAMS, "_control_fb_info"),
+  rm.NV2080_CTRL_CMD_TIMER_GET_TIME: (rm.NV2080_CTRL_TIMER_GET_TIME_PARAMS, "_control_time"),
   rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER: (rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS,
-                                              EmulatedKernel._control_sm_order),
+                                              "_control_sm_order"),
   rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN: (rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS,
-                                                    EmulatedKernel._control_token),
-  rm.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE: (rm.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, EmulatedKernel._control_schedule),
+                                                    "_control_token"),
+  rm.NVA06C_CTRL_CMD_GPFIFO_SCHEDULE: (rm.NVA06C_CTRL_GPFIFO_SCHEDULE_PARAMS, "_control_schedule"),
 }
 
 
@@ -1068,7 +1085,8 @@ class ChannelEngine:
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     if not 0 < threads <= 1024 or 0 in launch.grid:
       raise GPUFault(XID_GR_EXCEPTION, f"a launch of grid {launch.grid} of blocks {launch.block}")
-    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes())
+    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes(),
+                         self.kernel.placed.get(launch.program_address))
     if found is None:
       raise GPUFault(XID_GR_EXCEPTION, f"no kernel the driver registered has its code at {launch.program_address:#x} "
                                        "(an illegal instruction on hardware)")
@@ -1147,7 +1165,10 @@ class ChannelEngine:
   # ** faults
 
   def _fault(self, fault: GPUFault) -> None:
-    """What RM does after a robust-channel error: the channel group stops, its notifiers say why."""
+    """What RM does after a robust-channel error: the channel group stops, its notifiers say why (written last: the
+    host may act on them at once)."""
+    self.kernel.record_fault(f"channel {self.channel.handle:#x} (token {self.token}), Xid {fault.xid}, at "
+                             f"{self.position}: {fault}")
     engine = ENGINE_COPY0 if self.channel.state.get("engines") == [COPY_CLASS] else ENGINE_GR0
     self.group.state["dead"] = fault.xid
     for notifier in (self.notifier, self.group.state["error"]):
@@ -1156,8 +1177,6 @@ class ChannelEngine:
       record = rm.NvNotification(info32=fault.xid, info16=engine, status=0xFFFF)
       record.timeStamp.nanoseconds[0], record.timeStamp.nanoseconds[1] = now >> 32, now & 0xFFFFFFFF
       ctypes.memmove(notifier.backing.address, bytes(record), ctypes.sizeof(record))
-    self.kernel.record_fault(f"channel {self.channel.handle:#x} (token {self.token}), Xid {fault.xid}, at "
-                             f"{self.position}: {fault}")
 
 
 ACQUIRES = (classes.NVC56F_SEM_EXECUTE_OPERATION_ACQUIRE, classes.NVC56F_SEM_EXECUTE_OPERATION_ACQ_STRICT_GEQ,

@@ -7,13 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import numpy as np
 
 from rawgrad.autogen.nv import nv_classes as classes
 from rawgrad.autogen.nv import nv_rm as rm
 from rawgrad.drivers.nv.memory import GPUMemory
 from rawgrad.drivers.nv.rm import UVM, RMClient, RMError, check_driver_version, class_name, escape_request
-from rawgrad.drivers.os import MAP_FIXED, MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface, host_view
+from rawgrad.drivers.os import MAP_FIXED, MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface
 
 CONTROL_PATH = "/dev/nvidiactl"
 USERMODE_BYTES = 0x10000
@@ -54,12 +53,24 @@ class NVGPU:
     self.kernel = kernel
     version = check_driver_version(kernel)
     self.control_fd = kernel.open(CONTROL_PATH)
+    try:
+      self._bring_up(version, index)
+    except BaseException:
+      self._abandon()
+      raise
+
+  def _bring_up(self, version: str, index: int) -> None:
+    kernel = self.kernel
     self._confirm_version(version)
     cards = self._cards()
     if index >= len(cards):
       raise RMError(f"there is no NVIDIA GPU {index}: the driver lists {len(cards)}", rm.NV_ERR_INVALID_DEVICE)
     card = cards[index]
     self.client = RMClient(kernel, self.control_fd)
+    # RM gives a process the GPU's device object only while it holds the GPU's node open (nv_is_gpu_accessible)
+    device_path = f"/dev/nvidia{card.minor_number}"
+    self.device_fd = kernel.open(device_path)
+    self.client.escape(rm.NV_ESC_REGISTER_FD, rm.nv_ioctl_register_fd_t(ctl_fd=self.control_fd), fd=self.device_fd)
     instance = self._device_instance(card.gpu_id)
     self.device = self.client.alloc(self.client.handle, rm.NV01_DEVICE_0, rm.NV0080_ALLOC_PARAMETERS(
       deviceId=instance, hClientShare=self.client.handle, vaMode=rm.NV_DEVICE_ALLOCATION_VAMODE_MULTIPLE_VASPACES))
@@ -74,19 +85,17 @@ class NVGPU:
     gr = self._gr_info()
     fb = self._fb_info()
     sm = gr[rm.NV0080_CTRL_GR_INFO_INDEX_SM_VERSION]
-    order = self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER,
-                                rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS())
+    sm_count, tpc_count = self._sm_and_tpc_counts(gr)
     self.info = GPUInfo(
       name=self._name(), driver_version=version, arch=f"sm_{(sm >> 8) & 0xFF}{sm & 0xFF}", uuid=uuid,
-      gpu_id=card.gpu_id, minor=card.minor_number, sm_count=order.numSm, tpc_count=order.numTpc,
+      gpu_id=card.gpu_id, minor=card.minor_number, sm_count=sm_count, tpc_count=tpc_count,
       sms_per_tpc=gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC],
       max_warps_per_sm=gr[rm.NV0080_CTRL_GR_INFO_INDEX_MAX_WARPS_PER_SM],
       video_memory_bytes=fb[rm.NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE] << 10,
       bar1_bytes=fb[rm.NV2080_CTRL_FB_INFO_INDEX_BAR1_SIZE] << 10,
       gpfifo_class=chosen["GPFIFO"], compute_class=chosen["compute"], copy_class=chosen["copy"],
       usermode_class=chosen["usermode"])
-    device_path = f"/dev/nvidia{card.minor_number}"
-    self.memory = GPUMemory(kernel, self.client, self.device, device_path, self.uvm, uuid)
+    self.memory = GPUMemory(kernel, self.client, self.device, device_path, self.device_fd, self.uvm, uuid)
     self.vaspace = self.client.alloc(self.device, rm.FERMI_VASPACE_A, rm.NV_VASPACE_ALLOCATION_PARAMETERS(
       flags=rm.NV_VASPACE_ALLOCATION_FLAGS_ENABLE_PAGE_FAULTING | rm.NV_VASPACE_ALLOCATION_FLAGS_IS_EXTERNALLY_OWNED,
       vaBase=VASPACE_BASE, vaSize=VASPACE_SIZE))
@@ -131,9 +140,20 @@ class NVGPU:
                                  rm.NV2080_CTRL_GPU_GET_NAME_STRING_PARAMS(gpuNameStringFlags=0))
     return bytes(params.gpuNameString.ascii).split(b"\0")[0].decode(errors="replace")
 
+  def _sm_and_tpc_counts(self, gr: dict[int, int]) -> tuple[int, int]:
+    """The SMs and TPCs the chip really has (floor-swept); the design's maximum where RM will not say."""
+    try:
+      order = self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER,
+                                  rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS())
+      return order.numSm, order.numTpc
+    except RMError:
+      tpcs = gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS] * gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC]
+      return tpcs * gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC], tpcs
+
   def _gr_info(self) -> dict[int, int]:
     wanted = (rm.NV0080_CTRL_GR_INFO_INDEX_SM_VERSION, rm.NV0080_CTRL_GR_INFO_INDEX_MAX_WARPS_PER_SM,
-              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC)
+              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC, rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS,
+              rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC)
     params = rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS(grInfoListSize=len(wanted))
     for i, index in enumerate(wanted): params.grInfoList[i].index = index
     self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_GR_GET_INFO_V2, params)
@@ -152,7 +172,7 @@ class NVGPU:
     address = self.memory.arena.allocate(USERMODE_BYTES, USERMODE_BYTES)
     fd = self.kernel.open(device_path)
     try:
-      self.client.map_memory(self.subdevice, usermode, USERMODE_BYTES, fd)
+      self.client.map_memory(self.device, usermode, USERMODE_BYTES, fd)
       self.kernel.mmap(address, USERMODE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0)
     finally:
       self.kernel.close(fd)
@@ -161,8 +181,20 @@ class NVGPU:
   def close(self) -> None:
     """Let go of the GPU: closing the control fd frees every RM object of our client, closing UVM's fds our VA space;
     then the arena's address space goes back."""
-    for fd in (self.memory.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
+    for fd in (self.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
     self.memory.arena.close()
+
+  def _abandon(self) -> None:
+    """After a failed bring-up: close what was opened (the driver frees the objects made through it)."""
+    memory, uvm = getattr(self, "memory", None), getattr(self, "uvm", None)
+    fds = [self.device_fd] if hasattr(self, "device_fd") else []
+    fds += [self.control_fd] + ([uvm.mm_fd, uvm.fd] if uvm is not None else [])
+    for fd in fds:
+      try:
+        self.kernel.close(fd)
+      except OSError:
+        pass   # the error being raised is the one to report
+    if memory is not None: memory.arena.close()
 
   # ** time
 
@@ -185,8 +217,6 @@ class NVGPU:
   def doorbell(self, token: int) -> None:
     self.kernel.write32(self.usermode + classes.NVC361_NOTIFY_CHANNEL_PENDING, token)
 
-  def view(self, address: int, nbytes: int) -> np.ndarray:
-    return host_view(address, nbytes)
 
 
 def _first_listed(kind: str, wanted: tuple[int, ...], available: set[int]) -> int:

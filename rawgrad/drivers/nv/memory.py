@@ -108,13 +108,12 @@ class Allocation:
 class GPUMemory:
   """Allocates RM memory objects and maps them at arena addresses for the GPU (UVM) and the CPU."""
 
-  def __init__(self, kernel: KernelInterface, client: RMClient, device: int, device_path: str, uvm: UVM,
-               uuid: bytes):
+  def __init__(self, kernel: KernelInterface, client: RMClient, device: int, device_path: str, device_fd: int,
+               uvm: UVM, uuid: bytes):
     self.kernel, self.client, self.device, self.device_path = kernel, client, device, device_path
     self.uvm, self.uuid = uvm, uuid
     self.arena = VirtualArena(kernel)
-    self.device_fd = kernel.open(device_path)
-    client.escape(rm.NV_ESC_REGISTER_FD, rm.nv_ioctl_register_fd_t(ctl_fd=client.control_fd), fd=self.device_fd)
+    self.device_fd = device_fd  # the GPU's node, opened (and registered to the control fd) by NVGPU
 
   def video(self, nbytes: int, cpu_access: bool = False, contiguous: bool = False) -> Allocation:
     """Video memory mapped for the GPU; also mapped for the CPU (through BAR1, write-combined) with cpu_access."""
@@ -141,8 +140,8 @@ class GPUMemory:
     """RM-allocated system memory the CPU maps (not the GPU): for what RM itself writes, like error notifiers."""
     size = round_up(nbytes, PAGE)
     params = rm.NV_MEMORY_ALLOCATION_PARAMS(
-      owner=self.client.handle, type=rm.NVOS32_TYPE_NOTIFIER, size=size, limit=size - 1,
-      flags=rm.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED | rm.NVOS32_ALLOC_FLAGS_MAP_NOT_REQUIRED,
+      owner=self.client.handle, type=rm.NVOS32_TYPE_IMAGE, size=size, limit=size - 1,
+      flags=rm.NVOS32_ALLOC_FLAGS_MEMORY_HANDLE_PROVIDED,
       attr=(bits(rm.NVOS32_ATTR_LOCATION, rm.NVOS32_ATTR_LOCATION_PCI)
             | bits(rm.NVOS32_ATTR_PHYSICALITY, rm.NVOS32_ATTR_PHYSICALITY_NONCONTIGUOUS)
             | bits(rm.NVOS32_ATTR_COHERENCY, rm.NVOS32_ATTR_COHERENCY_CACHED)),
@@ -151,12 +150,6 @@ class GPUMemory:
     address = self.arena.allocate(size, PAGE)
     host = self._map_for_cpu(handle, address, size, "/dev/nvidiactl")
     return Allocation(address, size, handle, "system", host, gpu_mapped=False)
-
-  def map_for_cpu(self, allocation: Allocation) -> np.ndarray:
-    """Map video memory for the CPU at its own address (BAR1, write-combined: fast to write, slow to read)."""
-    if allocation.host is None:
-      allocation.host = self._map_for_cpu(allocation.handle, allocation.address, allocation.nbytes, self.device_path)
-    return allocation.host
 
   def free(self, allocation: Allocation) -> None:
     if allocation.gpu_mapped: self.uvm.free(allocation.address, allocation.nbytes)

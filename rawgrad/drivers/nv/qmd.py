@@ -23,6 +23,9 @@ MAX_PARAMETER_BYTES = 0x7FFC     # ptxas's limit for sm_90 ("uses too much param
 STACK_POINTER = 0x00FFFDC0       # initial R1 (c[0x0][0x28]): below the top of a 16 MiB local window
 DRIVER_CONSTANTS = {"block": 0x00, "grid": 0x0C, "shared_window": 0x18, "local_window": 0x20, "stack": 0x28}
 GLOBAL_DESCRIPTOR = 0x208        # sm_90 reads it before global accesses: zero means plain flat addresses
+# Hopper's QMD_TYPE: libcuda sets GRID_CTA on an H100, Mesa's NVK leaves QUEUE (0); which the hardware needs is
+# unverified (notes 12), so tools/nv_ladder.py tries the other when a launch fails
+HOPPER_QMD_TYPE = layouts.NVCBC0_QMDV04_00_QMD_TYPE_GRID_CTA
 # SM shared memory carve-outs in KiB (CUDA's lists); the QMD takes KiB / 4 + 1
 CARVEOUTS_KIB = {9: (0, 8, 16, 32, 64, 100, 132, 164, 196, 228), 8: (0, 8, 16, 32, 64, 100)}
 
@@ -133,7 +136,7 @@ def _build_v04(launch: Launch) -> bytearray:
   shared = shared_bytes(facts)
   smallest, largest = carveout_code(shared, facts.sm)
   values = {
-    "QMD_GROUP_ID": 0x3F, "QMD_TYPE": layouts.NVCBC0_QMDV04_00_QMD_TYPE_GRID_CTA,
+    "QMD_GROUP_ID": 0x3F, "QMD_TYPE": HOPPER_QMD_TYPE,
     "API_VISIBLE_CALL_LIMIT": layouts.NVCBC0_QMDV04_00_API_VISIBLE_CALL_LIMIT_NO_CHECK,
     "SAMPLER_INDEX": layouts.NVCBC0_QMDV04_00_SAMPLER_INDEX_INDEPENDENTLY,
     "QMD_MAJOR_VERSION": f.major, "QMD_MINOR_VERSION": 0, "SASS_VERSION": _sass_version(facts.sm),

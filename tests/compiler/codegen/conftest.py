@@ -1,4 +1,4 @@
-"""Running one kernel with chosen opts, slice by slice, outside the normal realize path."""
+"""Fixtures of the codegen tests."""
 from __future__ import annotations
 
 from typing import Callable
@@ -6,52 +6,9 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.kernel import Opt
-from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.rangeify import ScheduleItem, create_schedule
-from rawgrad.compiler.render.llvmir import LLVMRenderer, kernel_symbol
-from rawgrad.compiler.spec import verify_program
-from rawgrad.drivers.cpu import CPUProgram
-from rawgrad.runtime.compile import LLVMCompiler, compile_cached
-from rawgrad.runtime.device import buffer_for
-from rawgrad.engine.realize import run_schedule
 from rawgrad.tensor import Tensor
-
-_compiler: LLVMCompiler | None = None
-
-
-def compiled(item: ScheduleItem, opts: list[Opt] | None) -> tuple[CPUProgram, list[UOp]]:
-  global _compiler
-  if _compiler is None: _compiler = LLVMCompiler()
-  lowered = lower_kernel(item.ast, opts)
-  verify_program(item.ast.arg, lowered.program)
-  source = LLVMRenderer().render(item.ast.arg, lowered.program)
-  return CPUProgram(kernel_symbol(item.ast.arg), compile_cached(_compiler, source)), lowered.program
-
-
-def last_kernel(tensor: Tensor) -> ScheduleItem:
-  """The kernel that computes `tensor`; the kernels before it run now, the normal way."""
-  items = create_schedule([tensor.uop]).items
-  run_schedule(items[:-1])
-  return items[-1]
-
-
-def run_item(item: ScheduleItem, opts: list[Opt] | None, cores: int = 1, slices: list[int] | None = None,
-             fill: float | None = None) -> np.ndarray:
-  """Run the kernel with the opts as `cores` calls (slice 0, 1, ... of `cores`); the output buffer's values.
-  `fill` preloads the output, to see which elements a partial run wrote."""
-  program, instructions = compiled(item, opts)
-  buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
-  if fill is not None:
-    output = buffers[0]
-    output.copyin(memoryview(np.full(output.size, fill, dtype=output.numpy().dtype).view(np.uint8)))
-  var_values = dict(item.var_values)
-  used = sorted({u.arg for u in instructions if u.op is Ops.DEFINE_GLOBAL})
-  variables = sorted({u for u in instructions if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-  kernargs = np.array([buffers[i].address for i in used] + [var_values[v] for v in variables] + [0], dtype=np.uint64)
-  for core in (range(cores) if slices is None else slices): program(kernargs.ctypes.data, core, cores)
-  return buffers[0].numpy()
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 @pytest.fixture

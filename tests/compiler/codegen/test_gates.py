@@ -14,7 +14,7 @@ from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.symbolic import evaluate
 from rawgrad.tensor import Tensor
 
-from conftest import last_kernel, run_item
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 def rand(*shape: int, seed: int = 0) -> np.ndarray:

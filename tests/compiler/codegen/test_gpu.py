@@ -123,8 +123,11 @@ def test_heuristics_follow_each_targets_numbers() -> None:
   assert unrolled["avx2"] < unrolled["avx512"]  # half the registers hold half the accumulators
   threads = {name: [o.amount for o in opts if o.op is THREADS] for name, opts in choices.items()
              if not name.startswith("avx")}
-  assert threads["sm_90"] != threads["gfx942"] and all(threads.values())
-  assert all(o.op is THREADS for name in ("sm_90", "gfx942") for o in choices[name])
+  assert threads["sm_90"] != threads["gfx942"] and all(threads.values())  # blocks of 8 warps of 32 or 64
+  for name in ("sm_90", "gfx942"):
+    # a 16-byte vector of outputs per thread, a block of 4 rows, and both inputs staged in shared memory by tiles
+    assert {(o.op, o.amount) for o in choices[name] if o.op is not THREADS} == \
+      {(OptOps.UPCAST, 4), (OptOps.UNROLL, 4), (OptOps.TILE, 16), (OptOps.LOCAL, 1), (OptOps.LOCAL, 2)}
 
 
 def test_debug_5_prints_a_readable_program_for_each_target(capsys: pytest.CaptureFixture) -> None:
@@ -148,3 +151,16 @@ def test_spec_catches_a_malformed_kernel_between_passes(monkeypatch: pytest.Monk
   monkeypatch.setattr("rawgrad.compiler.codegen.lower.PASSES", planted)
   with Context(SPEC=1), pytest.raises(SpecError, match="after expand_math.*index has dtype dtypes.float32"):
     lower_kernel(ast, [], gpu_target("sm_90"))
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx1100"])
+def test_large_kernels_get_vectors_and_register_blocks_and_stay_right(arch: str) -> None:
+  a, b = rand(128, 96), rand(96, 256, seed=1)
+  ast = last_item(Tensor(a) @ Tensor(b)).ast
+  opts = hand_coded_opts(ast, gpu_target(arch))
+  assert Opt(OptOps.UPCAST, 1, 4) in opts and any(o.op is OptOps.UNROLL for o in opts)
+  assert sum(1 for o in opts if o.op is OptOps.LOCAL) == 2
+  np.testing.assert_allclose(run_on(Tensor(a) @ Tensor(b), arch), a @ b, rtol=1e-4, atol=1e-4)
+  x = rand(64, 1024, seed=2)
+  assert hand_coded_opts(last_item(Tensor(x) * 3).ast, gpu_target(arch))[0] == Opt(OptOps.UPCAST, 1, 4)
+  np.testing.assert_allclose(run_on(Tensor(x) * 3 + 1, arch), x * 3 + 1, rtol=1e-6)

@@ -17,7 +17,7 @@ from rawgrad.compiler.spec import SpecError, verify_program
 from rawgrad.runtime.device import buffer_for
 from rawgrad.tensor import Tensor
 
-from conftest import compiled, last_kernel, run_item
+from tests.compiler.codegen.kernels import compiled, last_kernel, run_item
 
 SIZES = (0, 1, 7, 4097, 100003)
 GROUP = OptOps.GROUP

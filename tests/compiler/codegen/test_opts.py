@@ -14,7 +14,7 @@ from rawgrad.compiler.codegen.opt.kernel import (LOOP, PARALLEL, REDUCE, UNROLL,
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.tensor import Tensor
 
-from conftest import last_kernel, run_item
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 def rand(*shape: int, seed: int = 0, dtype: type = np.float32) -> np.ndarray:

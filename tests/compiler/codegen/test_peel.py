@@ -12,7 +12,7 @@ from rawgrad.compiler.codegen.peel import peel_remainders
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.tensor import Tensor
 
-from conftest import last_kernel, run_item
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 ROW_BLOCKS = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 0, 12), Opt(OptOps.UNROLL, 1, 2)]
 

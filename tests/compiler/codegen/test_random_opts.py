@@ -15,7 +15,7 @@ from rawgrad.compiler.codegen.opt.kernel import OptError, apply_opt
 from rawgrad.engine.search import actions
 from rawgrad.tensor import Tensor
 
-from conftest import last_kernel, run_item
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 def rand(*shape: int, seed: int) -> np.ndarray:

@@ -5,8 +5,11 @@ from typing import Iterator
 
 import pytest
 
+from rawgrad.drivers import os as seam
 from rawgrad.drivers.nv.device import NVDevice
 from rawgrad.drivers.nv.emulated import EmulatedKernel
+from rawgrad.runtime.compile import CompileError, find_ptxas
+from rawgrad.runtime.device import Device
 
 
 @pytest.fixture
@@ -28,3 +31,15 @@ def fresh_device() -> Iterator[NVDevice]:
   opened = NVDevice("NV", EmulatedKernel())
   yield opened
   opened.close()
+
+
+@pytest.fixture(scope="session")
+def nv() -> NVDevice:
+  """Device["NV"] for the Tensor API, on the emulation (opened inside the seam's installed emulation); Tensor
+  programs are assembled by ptxas, so without it these tests skip."""
+  try:
+    find_ptxas()
+  except CompileError as missing:
+    pytest.skip(str(missing))
+  with seam.installed("nv", EmulatedKernel()):
+    return Device["NV"]

@@ -1,5 +1,6 @@
 """NVDevice on the emulated H100: memory at one address for the CPU and the GPU, submissions, signals with GPU
 timestamps, waits across the two channels, copy-engine copies, and waits that time out naming what they waited for."""
+import os
 import time
 
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 from rawgrad.drivers import os as seam
 from rawgrad.drivers.nv.device import NVDevice
 from rawgrad.drivers.nv.emulated import EmulatedKernel
+from rawgrad.drivers.nv.rm import RMError
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
 
 
@@ -122,3 +124,46 @@ def test_freed_host_memory_is_reused_only_after_the_gpu_is_done(device: NVDevice
   device.submit(HWQueue(), COPY)   # the one after the free, too: it may have been in the making when it was freed
   device.synchronize()
   assert free(address)
+
+
+def test_a_failed_bring_up_gives_back_what_it_opened() -> None:
+  class Unschedulable(EmulatedKernel):
+    def _control_schedule(self, target, params) -> None:  # noqa: ANN001 - the emulation's control signature
+      from rawgrad.autogen.nv import nv_rm as rm
+      from rawgrad.drivers.nv.emulated import RMStatus
+      raise RMStatus(rm.NV_ERR_INVALID_STATE, "refused for the test")
+
+  kernel = Unschedulable()
+  with pytest.raises(RMError, match=r"NVA06C_CTRL_CMD_GPFIFO_SCHEDULE .*NV_ERR_INVALID_STATE"):
+    NVDevice("NV", kernel)
+  assert kernel.files == {} and kernel.clients == {} and kernel.channels == {}
+
+
+@pytest.mark.skipif(os.path.exists("/sys/module/nvidia/version"), reason="an NVIDIA driver is loaded here")
+def test_without_a_driver_the_real_kernel_says_so() -> None:
+  with pytest.raises(RMError, match="no NVIDIA kernel driver is loaded"):
+    NVDevice("NV", seam.RealKernel())
+
+
+def test_optional_controls_rm_refuses_have_fallbacks() -> None:
+  """GSP may refuse controls the driver only wants: the SM order (then the chip's design numbers) and the GPU clock
+  (then it is read off a semaphore's timestamp)."""
+  from rawgrad.autogen.nv import nv_rm as rm
+  from rawgrad.drivers.nv.emulated import RMStatus
+
+  class Reticent(EmulatedKernel):
+    def _control_sm_order(self, target, params) -> None:  # noqa: ANN001 - the emulation's control signature
+      raise RMStatus(rm.NV_ERR_NOT_SUPPORTED)
+
+    def _control_time(self, target, params) -> None:  # noqa: ANN001
+      raise RMStatus(rm.NV_ERR_NOT_SUPPORTED)
+
+  device = NVDevice("NV", Reticent())
+  try:
+    assert (device.info.sm_count, device.info.tpc_count) == (144, 72)   # 8 GPCs x 9 TPCs x 2 SMs
+    assert abs(device.clock_offset_ns + (1 << 40)) < 50_000_000
+    before = time.monotonic_ns()
+    device.synchronize_after(device.submit(HWQueue(), COPY))
+    assert before - 5_000_000 <= device.timeline_signal.timestamp_ns <= time.monotonic_ns() + 5_000_000
+  finally:
+    device.close()

@@ -20,7 +20,15 @@ def client(kernel: EmulatedKernel) -> RMClient:
 
 
 def _device(client: RMClient) -> int:
+  client.kernel.open("/dev/nvidia0")  # RM allocates the device object only for a process holding the node open
   return client.alloc(client.handle, rm.NV01_DEVICE_0, rm.NV0080_ALLOC_PARAMETERS(hClientShare=client.handle))
+
+
+def test_the_device_object_needs_the_gpu_node_open(client: RMClient) -> None:
+  with pytest.raises(RMError) as refused:
+    client.alloc(client.handle, rm.NV01_DEVICE_0, rm.NV0080_ALLOC_PARAMETERS(hClientShare=client.handle))
+  assert refused.value.status == rm.NV_ERR_INSUFFICIENT_PERMISSIONS  # as the H100 answered on 2026-11-24
+  assert _device(client) != 0
 
 
 def test_a_wrong_struct_size_is_einval_before_anything_else(kernel: EmulatedKernel, client: RMClient) -> None:

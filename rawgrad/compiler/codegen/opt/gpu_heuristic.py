@@ -2,15 +2,20 @@
 
 1. A reduction with few outputs and a long reduce loop is shared by the threads of a block (BLOCK_REDUCE): each
    thread reduces a strided share (consecutive threads read consecutive elements) and the block combines them.
-2. Otherwise every output element is one thread: the output loop along which the store is contiguous is split into
-   the threads of a block (THREADS), topped up from the next loop out when it is short; the rest of the output loops
-   become the grid (codegen/gpu.py). Reduce loops run inside each thread.
+2. Otherwise each thread computes a few outputs: a vector of them along the loop the store is contiguous along (one
+   16-byte access each, when there are outputs enough to keep the GPU busy), times a few rows when a loaded vector
+   is reused across another output loop (a matmul's register block). The loop the store is contiguous along is
+   split into the threads of a block (THREADS), topped up from the next loop out when it is short; the rest of the
+   output loops become the grid (codegen/gpu.py). Reduce loops run inside each thread.
+3. Loads that several threads of a block read (a matmul's rows and columns) are staged in shared memory a tile at a
+   time: the reduce loop is tiled, and in each tile the block copies them in together (LOCAL), then reads them from
+   there, while they fit the target's shared memory.
 """
 from __future__ import annotations
 
 import math
 
-from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps, size_of, stride
+from rawgrad.compiler.codegen.opt.kernel import THREAD, Opt, OptOps, all_ranges, range_kind, size_of, stride
 from rawgrad.compiler.codegen.opt.planner import Planner, accesses, constant
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.target import Target
@@ -18,6 +23,8 @@ from rawgrad.compiler.target import Target
 WARPS_PER_BLOCK = 8          # a block of 8 warps: enough to hide memory latency, small enough to fit many per core
 SHARED_REDUCE_MIN = 256      # reduce loops at least this long are worth sharing by a block
 OUTPUTS_PER_WARP_FEW = 64    # fewer outputs than this per warp slot of the whole block count is "few"
+ROW_BLOCK = 4                # rows of a register block: each loaded vector feeds this many accumulators
+REDUCE_TILE = 16             # reduce iterations per staged tile
 
 
 def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
@@ -27,8 +34,57 @@ def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
   if not plan.loops: return []
   block = target.warp_size * WARPS_PER_BLOCK
   if _share_reduction(plan, block): return plan.opts
+  _vectorize_outputs(plan, target, block)
   _thread_outputs(plan, block)
+  _stage_shared_tiles(plan, target)
   return plan.opts
+
+
+def _stage_shared_tiles(plan: Planner, target: Target) -> None:
+  """Tile the innermost reduce loop and stage in shared memory each load that threads of the block share (its
+  index does not move along some thread range), while the tiles fit the target's shared memory."""
+  threads = [r for r in all_ranges(plan.ast) if range_kind(r) == THREAD]
+  if not threads or not plan.reduce_loops: return
+  loop = plan.reduce_loops[-1]
+  size = constant(size_of(loop))
+  if size is None or size < 2 * REDUCE_TILE or size % REDUCE_TILE: return
+  loads = [a for a in accesses(plan.ast) if not a.is_store]
+  shared = sorted({a.buffer for a in loads if any(stride(a.index, r) == 0 for r in threads) and
+                   any(stride(a.index, r) != 0 for r in threads) and stride(a.index, loop) != 0})
+  if not shared: return
+  count = len(plan.opts)
+  plan.apply(OptOps.TILE, loop, REDUCE_TILE)
+  if len(plan.opts) == count: return
+  tile_loop = plan.loops.index(plan.reduce_loops[-2])
+  budget = target.shared_memory_bytes
+  for buffer in shared:
+    before = plan.ast
+    plan.apply_local_at(tile_loop, buffer)
+    if plan.ast is before: continue
+    used = sum(u.dtype.size * u.dtype.base.itemsize for u in plan.ast.toposort if u.op is Ops.DEFINE_LOCAL)
+    if used > budget:  # undo: this tile does not fit beside the others
+      plan.opts.pop()
+      plan.ast = before
+
+
+def _vectorize_outputs(plan: Planner, target: Target, block: int) -> None:
+  """UPCAST the loop the store is contiguous along into vectors of the target's width (sizes it divides only, so no
+  lane is masked), when each of a grid's worth of threads still gets its own; then UNROLL a loop that a vector load
+  does not move along, so each loaded vector feeds a block of rows."""
+  store = next(a for a in accesses(plan.ast) if a.is_store)
+  lanes = target.vector_bytes // max(a.itemsize for a in accesses(plan.ast))
+  outputs = math.prod(constant(size_of(r)) or 0 for r in plan.output_loops)
+  if lanes < 2 or outputs < lanes * block * WARPS_PER_BLOCK: return
+  contiguous = [r for r in plan.output_loops
+                if stride(store.index, r) == 1 and (constant(size_of(r)) or 1) % lanes == 0]
+  if not contiguous: return
+  count = len(plan.opts)
+  plan.apply(OptOps.UPCAST, contiguous[-1], lanes)
+  if len(plan.opts) == count or not plan.reduce_loops: return
+  vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
+  rows = [r for r in plan.output_loops if (constant(size_of(r)) or 1) % ROW_BLOCK == 0 and
+          any(stride(a.index, r) == 0 for a in vector_loads)]
+  if rows: plan.apply(OptOps.UNROLL, rows[-1], ROW_BLOCK)
 
 
 def _power_of_two_at_least(size: int) -> int:
@@ -41,11 +97,14 @@ def _share_reduction(plan: Planner, block: int) -> bool:
   if len(reduces) != 1 or not plan.reduce_loops: return False
   outputs = math.prod(constant(size_of(r)) or block * OUTPUTS_PER_WARP_FEW for r in plan.output_loops)
   if outputs >= block * OUTPUTS_PER_WARP_FEW: return False
+  sizes = {r: constant(size_of(r)) for r in plan.reduce_loops}
+  if all(size is not None for size in sizes.values()) and math.prod(sizes.values()) < SHARED_REDUCE_MIN: return False
+  # the loop consecutive elements are read along, when it is long enough; else the longest
   loads = [a for a in accesses(plan.ast) if not a.is_store]
-  contiguous = [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)]
-  loop = (contiguous or plan.reduce_loops)[-1]
-  size = constant(size_of(loop))
-  if size is not None and size < SHARED_REDUCE_MIN: return False
+  contiguous = [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)
+                and (sizes[r] is None or sizes[r] >= SHARED_REDUCE_MIN)]
+  loop = contiguous[-1] if contiguous else max(plan.reduce_loops, key=lambda r: sizes[r] or SHARED_REDUCE_MIN)
+  size = sizes[loop]
   threads = min(block, _power_of_two_at_least(size)) if size is not None else block
   count = len(plan.opts)
   plan.apply(OptOps.BLOCK_REDUCE, loop, threads)
@@ -63,6 +122,9 @@ def _thread_outputs(plan: Planner, block: int) -> None:
   inner_size = constant(size_of(inner))
   inner_threads = min(block, _power_of_two_at_least(inner_size)) if inner_size is not None else block
   others = [r for r in outputs if r is not inner]
+  if others and any(o.op is OptOps.UNROLL for o in plan.opts):
+    # a register block's rows come from the other loop: a square block of threads shares each loaded tile most
+    inner_threads = min(inner_threads, 1 << (block.bit_length() - 1) // 2)
   outer_threads = 0
   if inner_threads < block and others:
     outer_size = constant(size_of(others[-1]))

@@ -41,10 +41,10 @@ import math
 from dataclasses import dataclass
 from enum import Enum, auto
 
-from rawgrad.compiler.codegen.linearize import reduce_identity
+from rawgrad.compiler.codegen.linearize import is_staging, reduce_identity
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.compiler.symbolic import simplify
+from rawgrad.compiler.symbolic import simplify, sum_terms
 from rawgrad.dtype import DType, dtypes
 
 PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
@@ -126,7 +126,8 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     raise OptError(f"{opt}: the kernel has {len(axes)} loops")
   if opt.op not in (OptOps.LOCAL, OptOps.STREAM) and any(range_kind(r) == STAGE for r in all_ranges(ast)):
     raise OptError(f"{opt}: only LOCAL can follow a LOCAL")
-  if opt.op is OptOps.LOCAL: return stage_load(ast, axes, opt)
+  if opt.op is OptOps.LOCAL:
+    return stage_shared(ast, axes, opt) if _threads(all_ranges(ast)) else stage_load(ast, axes, opt)
   if opt.op is OptOps.STREAM: return stream_stores(ast, opt)
   if opt.op is OptOps.GROUP: return group_reduce(ast, axes, opt)
   if opt.op is OptOps.BLOCK_REDUCE: return block_reduce(ast, axes, opt)
@@ -184,7 +185,8 @@ def stream_stores(ast: UOp, opt: Opt) -> UOp:
 # *** a reduction split across cores ***
 
 def is_grouped(ast: UOp) -> bool:
-  return any(node.op is Ops.BARRIER for node in ast.toposort)
+  """The kernel's reduction is split across cores (GROUP) or a block's threads (BLOCK_REDUCE)."""
+  return any(node.op is Ops.BARRIER and not is_staging(node) for node in ast.toposort)
 
 
 def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
@@ -283,9 +285,61 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   return renumber(split.replace(src=(store,)), loops + _placed_after_loops(all_ranges(split.replace(src=(store,)))))
 
 
-def is_block_barrier(node: UOp) -> bool:
-  """A GPU block's barrier (BARRIER(local, stores)), as opposed to a GROUP's meeting of CPU slices."""
-  return node.op is Ops.BARRIER and node.src[0].op is Ops.DEFINE_LOCAL
+# *** staging a load in a GPU block's shared memory ***
+
+def _staged_load(ast: UOp, opt: Opt) -> UOp:
+  loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
+           and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
+  copying = {node for staging in ast.toposort if is_staging(staging) for node in staging.toposort if node in loads}
+  if copying: raise OptError(f"{opt}: parameter {opt.amount} is staged already")
+  if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
+  return loads.pop()
+
+
+def stage_shared(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
+  """LOCAL on a GPU kernel: at every iteration of reduce loop `axis`, the block's threads together copy the tile of
+  parameter `amount` that all of them will read in it (the reduce loops inside it, the threads', unrolled and vector
+  ranges the load moves with) into shared memory, then read it from there. The tile is laid out in the order of the
+  source in memory (largest stride first), so consecutive threads copy consecutive elements; thread t copies
+  elements t, t + threads, ... A barrier ends the copy (and one before it keeps the last tile until all have read
+  it: the linearizer adds that)."""
+  target = axes[opt.axis]
+  if target not in reduce_ranges(ast): raise OptError(f"{opt}: on a GPU a tile is staged inside a reduce loop")
+  load = _staged_load(ast, opt)
+  index = load.src[0].src[1]
+  used = {r for r in index.toposort if r.op is Ops.RANGE}
+  ranges = all_ranges(ast)
+  siblings = next(node.src[1:] for node in ast.toposort if node.op is Ops.REDUCE and target in node.src)
+  inside = [r for r in siblings[list(siblings).index(target) + 1:] if r in used]
+  if not inside: raise OptError(f"{opt}: nothing to stage: no reduce loop inside loop {opt.axis} moves the load")
+  threads = _threads(ranges)
+  layout = inside + [r for r in ranges if range_kind(r) in (THREAD, UNROLL, UPCAST) and r in used]
+  sizes = [size_of(r) for r in layout]
+  if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
+  layout = sorted(layout, key=lambda r: -abs(stride(index, r) or 0))
+  sizes = [size_of(r) for r in layout]
+  count, block = math.prod(sizes), math.prod(size_of(r) for r in threads)
+  fresh = max(r.arg[0] for r in ranges) + 1
+  rounds = UOp.range(-(-count // block), fresh, STAGE)
+  element = simplify(rounds * block + _row_major(threads, [size_of(r) for r in threads]))
+  # element -> the value of each staged range
+  values, stride_ = {}, 1
+  for r, size in reversed(list(zip(layout, sizes))):
+    values[r] = simplify((element // stride_) % size) if stride_ * size < count else simplify(element // stride_)
+    stride_ *= size
+  valid = simplify(element < count)
+  source = load.src[0]
+  source_gate = simplify(substitute(source.src[2], values) & valid if len(source.src) > 2 else valid)
+  gate = () if source_gate.op is Ops.CONST and source_gate.arg is True else (source_gate,)
+  copied = UOp(Ops.LOAD, load.dtype, (source.replace(src=(source.src[0], simplify(substitute(index, values)), *gate)),))
+  local = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(count, local=True),
+              arg=sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL))
+  copy_gate = () if valid.op is Ops.CONST and valid.arg is True else (valid,)
+  copy = UOp(Ops.STORE, dtypes.void, (UOp(Ops.INDEX, local.dtype, (local, element, *copy_gate)), copied))
+  staged = UOp(Ops.BARRIER, local.dtype, (local, copy), "stage")
+  read = UOp(Ops.LOAD, load.dtype, (UOp(Ops.INDEX, local.dtype, (staged, simplify(_row_major(layout, sizes)))),))
+  ast = _substitute_ranges(ast, {load: read})
+  return renumber(ast, axes + _placed_after_loops(ranges) + [rounds])
 
 
 # *** staging a load in a local buffer ***
@@ -300,6 +354,7 @@ def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
            and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
   # the load a staged copy makes is not one to stage again
   copying = {node for after in ast.toposort if after.op is Ops.AFTER for node in after.toposort if node in loads}
+  copying |= {node for barrier in ast.toposort if is_staging(barrier) for node in barrier.toposort if node in loads}
   if copying: raise OptError(f"{opt}: parameter {opt.amount} is staged already")
   if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
   load = loads.pop()
@@ -344,16 +399,10 @@ def stride(index: UOp, r: UOp) -> int | None:
   """How far the index moves when range r grows by one: 0 if it does not use r, None unless it is linear in r."""
   if r not in index.toposort: return 0
   total = 0
-  for term in _sum_terms(index):
-    if term is r: total += 1
-    elif term.op is Ops.MUL and term.src[0] is r and term.src[1].op is Ops.CONST: total += term.src[1].arg
-    elif r in term.toposort: return None
+  for coefficient, term in sum_terms(index):
+    if term is r: total += coefficient
+    elif term is not None and r in term.toposort: return None
   return total
-
-
-def _sum_terms(node: UOp) -> list[UOp]:
-  if node.op is Ops.ADD: return _sum_terms(node.src[0]) + _sum_terms(node.src[1])
-  return [node]
 
 
 def _whole_axis(target: UOp, opt: Opt) -> int:

@@ -75,7 +75,11 @@ class Planner:
 
   def apply_local(self, buffer: int) -> None:
     """Stage the parameter inside the outermost loop."""
-    opt = Opt(OptOps.LOCAL, 0, buffer)
+    self.apply_local_at(0, buffer)
+
+  def apply_local_at(self, axis: int, buffer: int) -> None:
+    """Stage the parameter inside loop `axis` (when that applies)."""
+    opt = Opt(OptOps.LOCAL, axis, buffer)
     try:
       self.ast = apply_opt(self.ast, opt)
     except OptError:

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from rawgrad import GlobalCounters, Tensor, Variable, jit
-from rawgrad.jit import JitError
+from rawgrad.tensor_jit import JitError
 
 rng = np.random.default_rng(0)
 

@@ -149,17 +149,6 @@ class jit:
 
 def _tensor_buffers() -> set[int]:
   """Ids of the Buffers behind every BUFFER node a live tensor's graph holds."""
-  from rawgrad.runtime.device import _buffers
-  from rawgrad.tensor import all_tensors
-  held: set[int] = set()
-  for tensor in list(all_tensors):
-    for node in tensor.uop.toposort:
-      if node.op is Ops.BUFFER and (buffer := _buffers.get(node)) is not None: held.add(id(buffer))
-  return held
-
-
-def _tensor_buffers() -> set[int]:
-  """Ids of the Buffers behind every BUFFER node a live tensor's graph holds."""
   held: set[int] = set()
   for tensor in list(all_tensors):
     for node in tensor.uop.toposort:

@@ -1,0 +1,52 @@
+"""What tensor.py and the tensor_ops mixins share: the mixins' common base, and the checks of shape and axis arguments.
+
+It sits below both, so no mixin imports rawgrad.tensor (which imports the mixins): a mixin makes new tensors with
+`type(self)` (or `cls`), and tells a tensor from other arguments with `isinstance(x, TensorBase)`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from rawgrad.compiler.ir import UOp
+
+
+class TensorBase:
+  """The base of every tensor_ops mixin, and so of Tensor, the one class that derives from them all."""
+  __slots__ = ()
+
+
+def resolve_axis(axis: int, ndim: int) -> int:
+  """A possibly negative axis as an index into `ndim` dimensions (a 0-d tensor accepts 0 and -1)."""
+  if not -max(ndim, 1) <= axis < max(ndim, 1): raise IndexError(f"axis {axis} is out of range for {ndim} dimensions")
+  return axis % ndim if ndim else 0
+
+
+def reduce_axes(axis: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+  """The sorted axes a reduction over `axis` covers (all of them for None)."""
+  if axis is None: return tuple(range(ndim))
+  axes = (axis,) if isinstance(axis, int) else tuple(axis)
+  resolved = tuple(sorted({resolve_axis(a, ndim) for a in axes}))
+  if len(resolved) != len(axes): raise ValueError(f"axis {axis} repeats an axis")
+  return resolved
+
+
+def shape_arg(shape: tuple) -> tuple:
+  """A shape given as separate sizes, `f(2, 3)`, or as one sequence, `f((2, 3))`."""
+  if len(shape) == 1 and isinstance(shape[0], (tuple, list)): shape = tuple(shape[0])
+  for size in shape:
+    if not isinstance(size, (int, UOp)) or isinstance(size, bool):
+      raise TypeError(f"shape entries must be ints, got {type(size).__name__} {size!r} in {shape}")
+  return tuple(shape)
+
+
+def broadcast_shape(*shapes: tuple) -> tuple:
+  """The shape several shapes broadcast to, as in numpy and PyTorch."""
+  ndim = max(len(shape) for shape in shapes)
+  padded = [(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]
+  result = []
+  for sizes in zip(*padded):
+    others = {size for size in sizes if size != 1}
+    if len(others) > 1:
+      raise ValueError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+    result.append(others.pop() if others else 1)
+  return tuple(result)

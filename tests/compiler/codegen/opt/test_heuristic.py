@@ -1,0 +1,92 @@
+"""compiler/codegen/opt/heuristic.py: the default CPU opts follow the kernel's shape and the target's numbers, and
+the kernels they make compute what numpy does. A fixed AVX2-like target keeps the choices independent of the host."""
+from dataclasses import replace
+from typing import Callable
+
+import numpy as np
+import pytest
+
+from rawgrad import Tensor
+from rawgrad.compiler.codegen.opt.heuristic import STREAM_BYTES, hand_coded_opts
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps
+from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.compiler.target import Target, gpu_target
+from rawgrad.dtype import dtypes
+from tests.compiler.codegen.kernels import last_kernel, run_item
+
+AVX2 = Target(kind="cpu", arch="x86_64", triple="x86_64-unknown-linux-gnu", cpu="x86-64", vector_bytes=32,
+              vector_registers=16, l1_bytes=32 << 10, l2_bytes=1 << 20)
+rng = np.random.default_rng(17)
+
+
+def _ast(tensor: Tensor) -> UOp:
+  return create_schedule([tensor.uop]).items[-1].ast
+
+
+def _ops(opts: list[Opt]) -> list[OptOps]:
+  return [opt.op for opt in opts]
+
+
+def test_an_elementwise_kernel_fills_one_machine_vector() -> None:
+  assert hand_coded_opts(_ast(Tensor.empty(4, 8) * 2), AVX2) == [Opt(OptOps.UPCAST, 1, 8)]
+  wide = replace(AVX2, vector_bytes=64)
+  assert hand_coded_opts(_ast(Tensor.empty(4, 32) * 2), wide) == [Opt(OptOps.UPCAST, 1, 16)]
+  # eight float64 lanes take 64 bytes: the lanes follow the element size
+  assert hand_coded_opts(_ast(Tensor.empty(4, 32, dtype=dtypes.float64) * 2), wide) == [Opt(OptOps.UPCAST, 1, 8)]
+
+
+def test_small_work_stays_on_one_core_and_large_work_is_parallel() -> None:
+  assert OptOps.PARALLEL not in _ops(hand_coded_opts(_ast(Tensor.empty(16, 16) * 2), AVX2))
+  assert OptOps.PARALLEL in _ops(hand_coded_opts(_ast(Tensor.empty(512, 512) * 2), AVX2))
+
+
+def test_outputs_larger_than_the_caches_stream() -> None:
+  rows = STREAM_BYTES // (4 * 4096)
+  assert _ops(hand_coded_opts(_ast(Tensor.empty(rows, 4096) * 2), AVX2))[-1] is OptOps.STREAM
+  assert OptOps.STREAM not in _ops(hand_coded_opts(_ast(Tensor.empty(rows // 2, 4096) * 2), AVX2))
+
+
+def test_a_sum_over_rows_vectorizes_the_reduce_loop_with_separate_accumulators() -> None:
+  opts = hand_coded_opts(_ast(Tensor.empty(64, 1024).sum(1)), AVX2)
+  assert opts[:2] == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 4)]
+
+
+def test_a_full_reduction_is_grouped_across_cores() -> None:
+  opts = hand_coded_opts(_ast(Tensor.empty(1 << 20).sum()), AVX2)
+  assert opts[-1].op is OptOps.GROUP and OptOps.PARALLEL not in _ops(opts)
+
+
+def test_a_matmul_gets_register_blocks_and_large_ones_a_packed_tile() -> None:
+  opts = hand_coded_opts(_ast(Tensor.empty(256, 256) @ Tensor.empty(256, 256)), AVX2)
+  assert opts[0] == Opt(OptOps.UPCAST, 1, 8) and _ops(opts).count(OptOps.UNROLL) == 2
+  assert OptOps.LOCAL not in _ops(opts)
+  big = hand_coded_opts(_ast(Tensor.empty(1024, 1024) @ Tensor.empty(1024, 1024)), AVX2)
+  assert OptOps.TILE in _ops(big) and big[-1] == Opt(OptOps.LOCAL, 0, 2)  # B (parameter 2) is packed
+
+
+def test_a_gpu_target_gets_the_gpu_opts() -> None:
+  opts = hand_coded_opts(_ast(Tensor.empty(64, 1024).sum(1)), gpu_target("sm_90"))
+  assert _ops(opts) == [OptOps.BLOCK_REDUCE]
+
+
+def test_a_kernel_with_nothing_to_store_gets_no_opts() -> None:
+  assert hand_coded_opts(UOp.sink(), AVX2) == []
+
+
+@pytest.mark.parametrize("name, build, expected", [
+  ("odd elementwise", lambda a, b: a * 2 + 1, lambda a, b: a * 2 + 1),
+  ("row sum", lambda a, b: a.sum(1), lambda a, b: a.sum(1)),
+  ("column max", lambda a, b: a.max(0), lambda a, b: a.max(0)),
+  ("matmul", lambda a, b: a @ b, lambda a, b: a @ b),
+])
+def test_the_chosen_opts_compute_the_right_values(name: str, build: Callable[[Tensor, Tensor], Tensor],
+                                                   expected: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> None:
+  a, b = rng.standard_normal((37, 45)).astype(np.float32), rng.standard_normal((45, 29)).astype(np.float32)
+  tensor = build(Tensor(a), Tensor(b))
+  item = last_kernel(tensor)
+  opts = hand_coded_opts(item.ast, AVX2)
+  assert opts, name
+  for cores in (1, 4):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(tensor.shape), expected(a, b), rtol=1e-4,
+                               atol=1e-4)
