@@ -17,7 +17,7 @@ object's offset maps the same pages at the driver's address. The GPU reaches obj
 tables (MAP_MEMORY_TO_GPU): anything else is a GPU memory fault, reported the way KFD reports one (the memory
 exception event, with the address) and stopping the queue that faulted.
 
-The GPU: a thread per queue (emulated_engines.py), woken by a doorbell write, decodes AQL packets (kernel dispatch,
+The GPU: a thread per queue (emulated_gpu.py), woken by a doorbell write, decodes AQL packets (kernel dispatch,
 barrier-AND/OR, and the vendor-specific packet that runs a PM4 indirect buffer) or SDMA packets from the ring bytes.
 Kernels run through the GPU program interpreter: the machine code cannot run here, so the program is found by the
 SHA-256 of the code bytes at the dispatch's kernel descriptor, registered when the driver uploaded a code object that
@@ -28,7 +28,6 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
-import hashlib
 import os
 import threading
 import time
@@ -38,11 +37,9 @@ from typing import Any, Callable
 import numpy as np
 
 from rawgrad.autogen.amd import kfd
-from rawgrad.compiler.ir import UOp
-from rawgrad.compiler.program_text import deserialize_program
+from rawgrad.drivers.amd.emulated_gpu import AQLEngine, MemoryFault, SDMAEngine, gpu_clock, register_program
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE,
                                 KernelInterface, RealKernel, host_view, ioc_number, ioc_size)
-from rawgrad.runtime.interpreter import InterpreterError
 
 # *** the emulated chips ***
 
@@ -54,7 +51,6 @@ KFD_VERSION = (1, 11)               # kfd_ioctl.h of kernel 6.1
 PAGE = 4096
 GPUVM_BASE, GPUVM_LIMIT = 0x3000, (1 << 47) - 1   # SVM_USER_BASE up to the 47-bit user half (kfd_flat_memory.c)
 LDS_APERTURE, SCRATCH_APERTURE = 1 << 48, 2 << 48
-CLOCK_BASE_TICKS = 1 << 36          # the emulated 100 MHz GPU counter is ahead of the host clock
 DOORBELL_SLICE_BYTES = 8 * 1024
 MMAP_TYPE_SHIFT, MMAP_GPU_ID_SHIFT = 62, 46
 MMAP_DOORBELL, MMAP_EVENTS = 3 << MMAP_TYPE_SHIFT, 2 << MMAP_TYPE_SHIFT
@@ -136,70 +132,6 @@ def context_save_bytes(chip: Chip) -> tuple[int, int]:
   control = -(-(40 + waves * (8 if gfx9 else 12) + 8) // PAGE) * PAGE
   per_cu = VGPR_BYTES_PER_CU[chip.arch] + 0x4000 + (chip.lds_kb << 10) + 0x1000
   return control + -(-(cu_count * per_cu) // PAGE) * PAGE, control
-
-
-def gpu_clock() -> int:
-  """The GPU's 100 MHz counter (what RELEASE_MEM and SDMA timestamps write)."""
-  return time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW) // 10 + CLOCK_BASE_TICKS
-
-
-# *** kernels' programs, found by the hash of their code ***
-
-@dataclass(frozen=True)
-class RegisteredProgram:
-  program: list[UOp]
-  code_bytes: int
-  facts: Any      # the loader's AMDKernel (sizes from the kernel descriptor)
-
-
-PROGRAMS: dict[bytes, RegisteredProgram] = {}
-_programs_lock = threading.Lock()
-
-
-def register_program(code: bytes, program_text: str, facts: Any) -> None:
-  """Remember the linear program behind these code bytes (the driver calls this as it uploads a kernel)."""
-  digest = hashlib.sha256(code).digest()
-  with _programs_lock:
-    if digest not in PROGRAMS: PROGRAMS[digest] = RegisteredProgram(deserialize_program(program_text), len(code), facts)
-
-
-def find_program(read: Callable[[int], bytes]) -> RegisteredProgram | None:
-  """The registered program whose code is at an address (`read(n)` gives the n bytes there)."""
-  with _programs_lock:
-    lengths = sorted({entry.code_bytes for entry in PROGRAMS.values()})
-  for length in lengths:
-    try:
-      code = read(length)
-    except MemoryFault:
-      continue
-    if (found := PROGRAMS.get(hashlib.sha256(code).digest())) is not None: return found
-  return None
-
-
-# *** faults ***
-
-class GPUFault(Exception):
-  """What stops a queue."""
-
-
-class QueueError(GPUFault):
-  """A packet the CP refuses: it writes `code` (ROCr's queue error bits) to the queue's inactive signal."""
-
-  def __init__(self, code: int, why: str):
-    super().__init__(why)
-    self.code = code
-
-
-class MemoryFault(GPUFault, InterpreterError):
-  """A GPU access to an address this process's GPU page tables do not map."""
-
-  def __init__(self, address: int, nbytes: int, what: str = "access"):
-    super().__init__(f"GPU {what} of {nbytes} bytes at {address:#x}: not mapped")
-    self.address = address
-
-
-class EngineHang(GPUFault):
-  """An SDMA packet the engine cannot decode: it hangs, and KFD reports a hardware exception (reset)."""
 
 
 # *** memory ***
@@ -520,7 +452,6 @@ class EmulatedKernel(KernelInterface):
   # ** queues
 
   def _create_queue(self, args: kfd.kfd_ioctl_create_queue_args) -> None:
-    from rawgrad.drivers.amd.emulated_engines import AQLEngine, SDMAEngine
     self._check_gpu(args.gpu_id)
     if args.queue_percentage > kfd.KFD_MAX_QUEUE_PERCENTAGE:
       raise OSError(errno.EINVAL, f"queue_percentage {args.queue_percentage} is above {kfd.KFD_MAX_QUEUE_PERCENTAGE}")

@@ -10,7 +10,8 @@ import pytest
 
 from rawgrad.drivers.amd import queues
 from rawgrad.drivers.amd.device import AMDDevice
-from rawgrad.drivers.amd.emulated import EmulatedKernel, MemoryFault
+from rawgrad.drivers.amd.emulated import EmulatedKernel
+from rawgrad.drivers.amd.emulated_gpu import MemoryFault
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
 
 
