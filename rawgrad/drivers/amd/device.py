@@ -177,12 +177,18 @@ class AMDDevice(HCQDevice):
     self.fault: str | None = None
     self.closed = False
     self.kfd = KFD(self.kernel)
-    self.node: GPUNode = gpu_node(self.kernel, ordinal)
-    self.arch = self.node.arch
-    self.family = packets.family(self.arch)
-    self.memory = GPUMemory(self.kernel, self.kfd, self.node, uncached_host=self.arch == "gfx942")
-    self._open_queues()
-    self.clock = GPUClock(self.kfd, self.node.gpu_id)
+    try:
+      self.node: GPUNode = gpu_node(self.kernel, ordinal)
+      self.arch = self.node.arch
+      self.family = packets.family(self.arch)
+      self.memory = GPUMemory(self.kernel, self.kfd, self.node, uncached_host=self.arch == "gfx942")
+      self._open_queues()
+      self.clock = GPUClock(self.kfd, self.node.gpu_id)
+    except BaseException:
+      # closing the files ends the process's queues; KFD frees what it gave when the process's last one goes
+      if getattr(self, "memory", None) is not None: self.memory.close()
+      self.kfd.close()
+      raise
     self.in_flight: deque[tuple[int, str]] = deque()   # (AQL packet index, kernel name) of recent dispatches
     self.scratch: DeviceMemory | None = None
     self.scratch_lane_bytes = 0

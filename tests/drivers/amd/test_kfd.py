@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 
 import pytest
 
@@ -53,6 +54,21 @@ def test_a_chip_rawgrad_does_not_drive_is_refused_by_name() -> None:
     gpu_node(kernel, 0)
   with pytest.raises(RuntimeError, match="AMD:1 asked for, but KFD lists 1 GPU"):
     gpu_node(EmulatedKernel(arch="gfx1100"), 1)
+
+
+@pytest.mark.skipif(os.path.exists("/dev/kfd"), reason="this machine has amdkfd")
+def test_without_amdkfd_the_error_says_what_to_do() -> None:
+  with pytest.raises(RuntimeError, match="/dev/kfd does not exist: no amdkfd driver on this machine .*EMULATE=1"):
+    AMDDevice("AMD", seam.RealKernel())
+
+
+def test_a_failed_bring_up_closes_kfd() -> None:
+  kernel = EmulatedKernel(arch="gfx1100")
+  path = "/sys/devices/virtual/kfd/kfd/topology/nodes/1/properties"
+  kernel.sysfs[path] = kernel.sysfs[path].replace("gfx_target_version 110000", "gfx_target_version 100300")
+  with pytest.raises(RuntimeError, match="gfx1030"):
+    AMDDevice("AMD", kernel)
+  assert kernel.files == {}
 
 
 def test_another_kfd_major_version_is_refused() -> None:
