@@ -27,6 +27,7 @@ class Target:
   warp_size: int = 1               # threads that run in lockstep (1 on the CPU)
   max_threads_per_block: int = 1
   max_grid: tuple[int, int, int] = (1, 1, 1)
+  threads_in_flight: int = 1       # threads the whole chip runs at once (GPUs: SMs/CUs x resident threads each)
   kernarg_bytes: int = 1 << 16     # the most bytes of kernel arguments a launch can pass
   native_math: frozenset[str] = field(default_factory=frozenset)  # unary ops the target computes itself
 
@@ -52,17 +53,19 @@ _AMD_COMMON = dict(kind="amd", triple="amdgcn-amd-amdhsa", vector_bytes=16, regi
 
 GPU_TARGETS: dict[str, Target] = {
   # PTX ISA 8.0 is the first to know sm_90; 7.x covers Ampere and Ada
+  # H100 SXM (132 SMs x 2048 threads), RTX 4090 (128 x 1536), A100 (108 x 2048)
   "sm_90": Target(arch="sm_90", cpu="sm_90", features="+ptx80", l1_bytes=256 << 10, l2_bytes=50 << 20,
-                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+                  shared_memory_bytes=48 << 10, threads_in_flight=132 * 2048, **_NV_COMMON),
   "sm_89": Target(arch="sm_89", cpu="sm_89", features="+ptx78", l1_bytes=128 << 10, l2_bytes=72 << 20,
-                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+                  shared_memory_bytes=48 << 10, threads_in_flight=128 * 1536, **_NV_COMMON),
   "sm_80": Target(arch="sm_80", cpu="sm_80", features="+ptx70", l1_bytes=192 << 10, l2_bytes=40 << 20,
-                  shared_memory_bytes=48 << 10, **_NV_COMMON),
+                  shared_memory_bytes=48 << 10, threads_in_flight=108 * 2048, **_NV_COMMON),
   # RDNA3 runs wave32; CDNA3 (MI300) runs wave64 and has 64 KiB of LDS per workgroup
+  # RX 7900 XTX (96 CUs x 16 waves of 32), MI300X (304 CUs x 32 waves of 64)
   "gfx1100": Target(arch="gfx1100", cpu="gfx1100", l1_bytes=32 << 10, l2_bytes=6 << 20, shared_memory_bytes=64 << 10,
-                    warp_size=32, **_AMD_COMMON),
+                    warp_size=32, threads_in_flight=96 * 512, **_AMD_COMMON),
   "gfx942": Target(arch="gfx942", cpu="gfx942", l1_bytes=32 << 10, l2_bytes=4 << 20, shared_memory_bytes=64 << 10,
-                   warp_size=64, **_AMD_COMMON),
+                   warp_size=64, threads_in_flight=304 * 2048, **_AMD_COMMON),
 }
 
 

@@ -26,8 +26,8 @@ from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
 from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
 from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
 from rawgrad.drivers.nv.rm import RMError
-from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants,
-                                    qmd_format, set_field)
+from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants, qmd_format, set_field,
+                                    stack_bytes)
 from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
 from rawgrad.runtime.device import Allocator
@@ -76,7 +76,7 @@ class NVProgram:
     self.address = self.memory.address + self.facts.entry
     if program_text is not None:   # an emulated GPU runs this program when a QMD names the entry point
       device.kernel.register_program(self.address, code[self.facts.entry:], program_text, self.facts)
-    device.ensure_local_memory(self.facts.frame_bytes)
+    device.ensure_local_memory(stack_bytes(self.facts.frame_bytes))
 
   def __repr__(self) -> str:
     return f"<NVProgram {self.name} at {self.address:#x}, {self.facts.registers} registers>"
@@ -229,7 +229,8 @@ class NVDevice(HCQDevice):
     info = self.gpu.info
     per_thread = round_up(bytes_per_thread, 32)
     per_tpc = round_up(round_up(per_thread * 32, 0x200) * info.max_warps_per_sm * info.sms_per_tpc, 0x8000)
-    self.local_memory = self.video_heap.alloc(round_up(per_tpc * info.tpc_count, 0x20000))
+    # a TPC finds its part by its hardware id, which counts the design's TPCs (an H100 SXM has 66 of 72 enabled)
+    self.local_memory = self.video_heap.alloc(round_up(per_tpc * info.design_tpc_count, 0x20000))
     self.local_bytes_per_thread = per_thread
     address, compute = self.local_memory.address, self.gpu.info.compute_class
     setup = Pushbuffer()

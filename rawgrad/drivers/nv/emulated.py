@@ -1129,9 +1129,9 @@ class ChannelEngine:
     if launch.registers < facts.registers:
       raise GPUFault(XID_GR_EXCEPTION, f"kernel {facts.name} uses {facts.registers} registers; the QMD gives "
                                        f"{launch.registers}")
-    if facts.frame_bytes and launch.local_bytes < facts.frame_bytes:
+    if facts.frame_bytes and launch.stack_bytes < facts.frame_bytes:
       raise GPUFault(XID_GR_EXCEPTION, f"kernel {facts.name} needs {facts.frame_bytes} bytes of stack per thread; the "
-                                       f"QMD gives {launch.local_bytes}")
+                                       f"QMD gives {launch.stack_bytes} in the local window's high part")
 
   # ** copy engine
 
@@ -1204,7 +1204,7 @@ class QMDLaunch:
   program_address: int
   registers: int
   shared_bytes: int
-  local_bytes: int
+  stack_bytes: int   # the local window's high part, where the stack grows down from the stack pointer
   bank_valid: bool
   bank_address: int
   bank_bytes: int
@@ -1225,7 +1225,7 @@ def read_qmd(qmd: bytes) -> QMDLaunch:
     block=(get(f("CTA_THREAD_DIMENSION0")), get(f("CTA_THREAD_DIMENSION1")), get(f("CTA_THREAD_DIMENSION2"))),
     program_address=get(f("PROGRAM_ADDRESS_LOWER")) | get(f("PROGRAM_ADDRESS_UPPER")) << 32,
     registers=get(f("REGISTER_COUNT")), shared_bytes=get(f("SHARED_MEMORY_SIZE")),
-    local_bytes=get(f("SHADER_LOCAL_MEMORY_LOW_SIZE")) | get(f("SHADER_LOCAL_MEMORY_HIGH_SIZE")) << 24,
+    stack_bytes=get(f("SHADER_LOCAL_MEMORY_HIGH_SIZE")),
     bank_valid=bool(get(f("CONSTANT_BUFFER_VALID", 0))),
     bank_address=(get(f("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0)) | get(f("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0))
                   << 32) << 6,

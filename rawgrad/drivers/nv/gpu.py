@@ -36,6 +36,7 @@ class GPUInfo:
   minor: int
   sm_count: int
   tpc_count: int
+  design_tpc_count: int   # GPCs x TPCs per GPC of the design: hardware TPC ids reach this even when some are fused off
   sms_per_tpc: int
   max_warps_per_sm: int
   video_memory_bytes: int
@@ -89,6 +90,8 @@ class NVGPU:
     self.info = GPUInfo(
       name=self._name(), driver_version=version, arch=f"sm_{(sm >> 8) & 0xFF}{sm & 0xFF}", uuid=uuid,
       gpu_id=card.gpu_id, minor=card.minor_number, sm_count=sm_count, tpc_count=tpc_count,
+      design_tpc_count=gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_GPCS] *
+      gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_TPC_PER_GPC],
       sms_per_tpc=gr[rm.NV0080_CTRL_GR_INFO_INDEX_LITTER_NUM_SM_PER_TPC],
       max_warps_per_sm=gr[rm.NV0080_CTRL_GR_INFO_INDEX_MAX_WARPS_PER_SM],
       video_memory_bytes=fb[rm.NV2080_CTRL_FB_INFO_INDEX_RAM_SIZE] << 10,

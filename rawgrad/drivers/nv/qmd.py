@@ -21,6 +21,13 @@ QMD_ALIGNMENT = 256              # SEND_PCAS_A takes the address >> 8
 CONSTANT_BANK_ALIGNMENT = 256    # V04 takes address >> 6; V03's unshifted field is kept at 256 to be safe
 MAX_PARAMETER_BYTES = 0x7FFC     # ptxas's limit for sm_90 ("uses too much parameter space (..., 0x7ffc max)")
 STACK_POINTER = 0x00FFFDC0       # initial R1 (c[0x0][0x28]): below the top of a 16 MiB local window
+LOCAL_WINDOW_BYTES = 1 << 24
+
+
+def stack_bytes(frame_bytes: int) -> int:
+  """Per-thread local memory a kernel with this frame needs: the window's high part, from the stack's deepest point
+  to the window's top (the stack starts STACK_POINTER bytes in and grows down)."""
+  return round_up(frame_bytes + LOCAL_WINDOW_BYTES - STACK_POINTER, 16) if frame_bytes else 0
 DRIVER_CONSTANTS = {"block": 0x00, "grid": 0x0C, "shared_window": 0x18, "local_window": 0x20, "stack": 0x28}
 GLOBAL_DESCRIPTOR = 0x208        # sm_90 reads it before global accesses: zero means plain flat addresses
 # Hopper's QMD_TYPE: libcuda sets GRID_CTA on an H100, Mesa's NVK leaves QUEUE (0); which the hardware needs is
@@ -148,9 +155,12 @@ def _build_v04(launch: Launch) -> bytearray:
     "GRID_WIDTH": launch.grid[0], "GRID_HEIGHT": launch.grid[1], "GRID_DEPTH": launch.grid[2],
     "CTA_THREAD_DIMENSION0": launch.block[0], "CTA_THREAD_DIMENSION1": launch.block[1],
     "CTA_THREAD_DIMENSION2": launch.block[2],
-    "CWD_MEMBAR_TYPE": layouts.NVCBC0_QMDV04_00_CWD_MEMBAR_TYPE_L1_SYSMEMBAR,
+    # each block's writes reach L2 when it ends; the host sees them after the semaphore release, which waits for
+    # idle and orders memory at system scope itself: no block needs a system-wide barrier of its own
+    "CWD_MEMBAR_TYPE": layouts.NVCBC0_QMDV04_00_CWD_MEMBAR_TYPE_L1_MEMBAR,
     "REGISTER_COUNT": facts.registers, "BARRIER_COUNT": max(facts.barriers, 1),
-    "SHADER_LOCAL_MEMORY_LOW_SIZE": round_up(facts.frame_bytes, 16),
+    # the stack grows down from STACK_POINTER, near the top of the local window: it is the window's high part
+    "SHADER_LOCAL_MEMORY_HIGH_SIZE": stack_bytes(facts.frame_bytes),
     "PROGRAM_ADDRESS_LOWER": launch.program_address & 0xFFFFFFFF, "PROGRAM_ADDRESS_UPPER": launch.program_address >> 32,
   }
   for name, value in values.items(): set_field(qmd, f.bits(name), value, name)
@@ -180,9 +190,9 @@ def _build_v03(launch: Launch) -> bytearray:
     "CTA_RASTER_WIDTH": launch.grid[0], "CTA_RASTER_HEIGHT": launch.grid[1], "CTA_RASTER_DEPTH": launch.grid[2],
     "CTA_THREAD_DIMENSION0": launch.block[0], "CTA_THREAD_DIMENSION1": launch.block[1],
     "CTA_THREAD_DIMENSION2": launch.block[2],
-    "CWD_MEMBAR_TYPE": layouts.NVC6C0_QMDV03_00_CWD_MEMBAR_TYPE_L1_SYSMEMBAR,
+    "CWD_MEMBAR_TYPE": layouts.NVC6C0_QMDV03_00_CWD_MEMBAR_TYPE_L1_MEMBAR,
     "REGISTER_COUNT_V": facts.registers, "BARRIER_COUNT": max(facts.barriers, 1),
-    "SHADER_LOCAL_MEMORY_LOW_SIZE": round_up(facts.frame_bytes, 16),
+    "SHADER_LOCAL_MEMORY_HIGH_SIZE": stack_bytes(facts.frame_bytes),
     "PROGRAM_ADDRESS_LOWER": launch.program_address & 0xFFFFFFFF, "PROGRAM_ADDRESS_UPPER": launch.program_address >> 32,
   }
   for name, value in values.items(): set_field(qmd, f.bits(name), value, name)

@@ -22,8 +22,9 @@ from rawgrad.compiler.target import Target
 
 WARPS_PER_BLOCK = 8          # a block of 8 warps: enough to hide memory latency, small enough to fit many per core
 SHARED_REDUCE_MIN = 256      # reduce loops at least this long are worth sharing by a block
-OUTPUTS_PER_WARP_FEW = 64    # fewer outputs than this per warp slot of the whole block count is "few"
-ROW_BLOCK = 4                # rows of a register block: each loaded vector feeds this many accumulators
+OUTPUT_SHARE = 2             # fewer outputs than the GPU's threads in flight / this is too few for a thread each
+REDUCE_PER_OUTPUT_SHARE = 16  # a reduction at least outputs / this long is shared by a block (else outputs are many)
+ROW_BLOCK = 8                # rows of a register block: each loaded vector feeds this many accumulators
 REDUCE_TILE = 16             # reduce iterations per staged tile
 
 
@@ -33,7 +34,7 @@ def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
   plan = Planner(ast)
   if not plan.loops: return []
   block = target.warp_size * WARPS_PER_BLOCK
-  if _share_reduction(plan, block): return plan.opts
+  if _share_reduction(plan, block, target): return plan.opts
   _vectorize_outputs(plan, target, block)
   _thread_outputs(plan, block)
   _stage_shared_tiles(plan, target)
@@ -69,8 +70,9 @@ def _stage_shared_tiles(plan: Planner, target: Target) -> None:
 
 def _vectorize_outputs(plan: Planner, target: Target, block: int) -> None:
   """UPCAST the loop the store is contiguous along into vectors of the target's width (sizes it divides only, so no
-  lane is masked), when each of a grid's worth of threads still gets its own; then UNROLL a loop that a vector load
-  does not move along, so each loaded vector feeds a block of rows."""
+  lane is masked), when each of a grid's worth of threads still gets its own. Then, for a reduction whose vector
+  loads are reused across another output loop (a matmul), a register block: UNROLL that loop (the rows), and where
+  outputs are plenty the vector loop once more, so each thread computes ROW_BLOCK x 2 vectors."""
   store = next(a for a in accesses(plan.ast) if a.is_store)
   lanes = target.vector_bytes // max(a.itemsize for a in accesses(plan.ast))
   outputs = math.prod(constant(size_of(r)) or 0 for r in plan.output_loops)
@@ -79,26 +81,35 @@ def _vectorize_outputs(plan: Planner, target: Target, block: int) -> None:
                 if stride(store.index, r) == 1 and (constant(size_of(r)) or 1) % lanes == 0]
   if not contiguous: return
   count = len(plan.opts)
-  plan.apply(OptOps.UPCAST, contiguous[-1], lanes)
+  column = plan.apply(OptOps.UPCAST, contiguous[-1], lanes)
   if len(plan.opts) == count or not plan.reduce_loops: return
   vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
   rows = [r for r in plan.output_loops if (constant(size_of(r)) or 1) % ROW_BLOCK == 0 and
           any(stride(a.index, r) == 0 for a in vector_loads)]
-  if rows: plan.apply(OptOps.UNROLL, rows[-1], ROW_BLOCK)
+  if not rows: return
+  if column is not None and (constant(size_of(column)) or 1) % 2 == 0 and \
+     outputs // (lanes * 2 * ROW_BLOCK) >= target.threads_in_flight // OUTPUT_SHARE:
+    row_position = plan.loops.index(rows[-1])
+    plan.apply(OptOps.UNROLL, column, 2)
+    rows = [plan.loops[row_position]]
+  plan.apply(OptOps.UNROLL, rows[-1], ROW_BLOCK)
 
 
 def _power_of_two_at_least(size: int) -> int:
   return 1 << max(0, (size - 1).bit_length())
 
 
-def _share_reduction(plan: Planner, block: int) -> bool:
+def _share_reduction(plan: Planner, block: int, target: Target) -> bool:
   """BLOCK_REDUCE a long reduce loop when there are too few outputs to keep a GPU busy with one thread each."""
   reduces = [node for node in plan.ast.toposort if node.op is Ops.REDUCE]
-  if len(reduces) != 1 or not plan.reduce_loops: return False
-  outputs = math.prod(constant(size_of(r)) or block * OUTPUTS_PER_WARP_FEW for r in plan.output_loops)
-  if outputs >= block * OUTPUTS_PER_WARP_FEW: return False
+  if not reduces or len({frozenset(node.src[1:]) for node in reduces}) != 1 or not plan.reduce_loops: return False
+  outputs = math.prod(constant(size_of(r)) or target.threads_in_flight for r in plan.output_loops)
+  # one thread per output keeps the GPU busy only when there are outputs for every thread it can run at once
+  if outputs >= target.threads_in_flight // OUTPUT_SHARE: return False
   sizes = {r: constant(size_of(r)) for r in plan.reduce_loops}
-  if all(size is not None for size in sizes.values()) and math.prod(sizes.values()) < SHARED_REDUCE_MIN: return False
+  # worth a block per output when the reduction is long beside the outputs (a weight gradient, not a small matmul)
+  if all(size is not None for size in sizes.values()) and \
+     math.prod(sizes.values()) < max(SHARED_REDUCE_MIN, outputs // REDUCE_PER_OUTPUT_SHARE): return False
   # the loop consecutive elements are read along, when it is long enough; else the longest
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   contiguous = [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)

@@ -248,11 +248,13 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   """BLOCK_REDUCE: reduce loop `axis` becomes `outer*amount + lane`; each of the `amount` lanes (threads of the block)
   reduces its share, stores its partial result into shared memory, and after a barrier every lane combines the
   block's partials in lane order; lane 0 stores the output. Consecutive lanes read consecutive elements, so the
-  loads of a warp are coalesced."""
+  loads of a warp are coalesced. Several reductions over the same loops (a mean and a mean of squares) are shared
+  alike, each with its own shared array."""
   target = axes[opt.axis]
   reduces = [node for node in ast.toposort if node.op is Ops.REDUCE]
   if target not in reduce_ranges(ast): raise OptError(f"{opt}: loop {opt.axis} is not a reduce loop")
-  if len(reduces) != 1: raise OptError(f"{opt}: a BLOCK_REDUCE needs exactly one REDUCE, the kernel has {len(reduces)}")
+  if len({frozenset(node.src[1:]) for node in reduces}) != 1:
+    raise OptError(f"{opt}: a BLOCK_REDUCE needs every REDUCE over the same loops")
   if len(ast.src) != 1: raise OptError(f"{opt}: a BLOCK_REDUCE needs exactly one store, the kernel has {len(ast.src)}")
   if any(range_kind(r) == PARALLEL for r in axes): raise OptError(f"{opt}: a kernel runs on cores or on GPU threads")
   if opt.amount < 2: raise OptError(f"{opt}: a reduction shared by fewer than 2 threads is not shared")
@@ -260,28 +262,30 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if len(_threads(ranges)) >= MAX_THREAD_AXES: raise OptError(f"{opt}: a block has {MAX_THREAD_AXES} thread axes")
   if any(range_kind(r) in EXPANDED_KINDS and r in reduces[0].src[1:] for r in ranges):
     raise OptError(f"{opt}: the reduction's vector or unrolled axes would need combining per lane")
-  reduction = reduces[0]
   fresh = max(r.arg[0] for r in ranges) + 1
   lane = UOp.range(opt.amount, fresh, THREAD)
   outer = UOp.range(simplify((target.src[0] + (opt.amount - 1)) // opt.amount), fresh + 1, REDUCE)
   replacement = outer * opt.amount + lane
   split = _rebuild(ast, target, replacement, (outer,), simplify(replacement < target.src[0]))
-  partial = next(node for node in split.toposort if node.op is Ops.REDUCE)
+  partials = [node for node in split.toposort if node.op is Ops.REDUCE]
   threads = [r for r in _threads(all_ranges(split)) if r is not lane] + [lane]
   sizes = [size_of(r) for r in threads]
   if not all(isinstance(s, int) for s in sizes): raise OptError(f"{opt}: the block's thread counts must be constants")
-  local = UOp(Ops.DEFINE_LOCAL, reduction.dtype.ptr(math.prod(sizes), local=True),
-              arg=sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL))
-  written = UOp(Ops.INDEX, local.dtype, (local, simplify(_row_major(threads, sizes))))
-  met = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.STORE, dtypes.void, (written, partial))))
-  combine = UOp.range(opt.amount, fresh + 2, REDUCE)
-  read = UOp(Ops.INDEX, local.dtype, (met, simplify(_row_major(threads[:-1] + [combine], sizes))))
-  combined = UOp(Ops.REDUCE, reduction.dtype, (UOp(Ops.LOAD, reduction.dtype, (read,)), combine), reduction.arg)
-  store = _substitute_ranges(split.src[0], {partial: combined})
+  combined: dict[UOp, UOp] = {}
+  combines: list[UOp] = []
+  locals_before = sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL)
+  for number, partial in enumerate(partials):
+    local = UOp(Ops.DEFINE_LOCAL, partial.dtype.ptr(math.prod(sizes), local=True), arg=locals_before + number)
+    written = UOp(Ops.INDEX, local.dtype, (local, simplify(_row_major(threads, sizes))))
+    met = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.STORE, dtypes.void, (written, partial))))
+    combines.append(combine := UOp.range(opt.amount, fresh + 2 + number, REDUCE))
+    read = UOp(Ops.INDEX, local.dtype, (met, simplify(_row_major(threads[:-1] + [combine], sizes))))
+    combined[partial] = UOp(Ops.REDUCE, partial.dtype, (UOp(Ops.LOAD, partial.dtype, (read,)), combine), partial.arg)
+  store = _substitute_ranges(split.src[0], combined)
   target_index = store.src[0]
   gate = lane < 1 if len(target_index.src) == 2 else target_index.src[2] & (lane < 1)
   store = store.replace(src=(target_index.replace(src=(*target_index.src[:2], gate)), store.src[1]))
-  loops = _replace(axes, target, [outer]) + [combine]
+  loops = _replace(axes, target, [outer]) + combines
   return renumber(split.replace(src=(store,)), loops + _placed_after_loops(all_ranges(split.replace(src=(store,)))))
 
 
