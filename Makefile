@@ -25,7 +25,10 @@ demo:
 	$(PYTHON) -m pip install -q -e '.[demo]'
 	$(PYTHON) tools/demo.py
 
-# Regenerates rawgrad/autogen/ from the real C headers; see the top of tools/autogen.py for where they come from.
+# Regenerates rawgrad/autogen/ (nv/, amd/) from the real C headers; see the top of tools/autogen.py for where they
+# come from (amd reads the Debian packages linux-libc-dev, libhsa-runtime-dev, linux-source-6.1 and llvm-14-dev,
+# installed or fetched with apt-get download).
 autogen:
 	$(PYTHON) -m pip install -q -e '.[autogen]'
 	$(PYTHON) tools/autogen.py nv
+	$(PYTHON) tools/autogen.py amd

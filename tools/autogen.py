@@ -3,14 +3,22 @@
 
     make autogen                      # installs the autogen extra (libclang), then runs:
     python tools/autogen.py nv        # writes rawgrad/autogen/nv/*.py and layouts.json
+    python tools/autogen.py amd       # writes rawgrad/autogen/amd/*.py and layouts.json
 
-Nothing is downloaded here. The headers come from local git copies (bare or checkouts) of
+NVIDIA: nothing is downloaded. The headers come from local git copies (bare or checkouts) of
 NVIDIA/open-gpu-kernel-modules (tag 580.142, the branch the lent H100 runs) and NVIDIA/open-gpu-doc
 (class and QMD headers the kernel modules do not carry). Get them once with
 `git clone --bare https://github.com/NVIDIA/<repo>` (in an agent session: the `fetch` tool on
 github:NVIDIA/open-gpu-kernel-modules and github:NVIDIA/open-gpu-doc), then point --nvidia-src /
 --gpu-doc-src (or $RAWGRAD_NVIDIA_SRC / $RAWGRAD_GPU_DOC_SRC) at them; the fetch tool's mirror is found
 without either. Headers are read into a temporary directory and never committed.
+
+AMD: the headers come from Debian packages: kfd_ioctl.h from linux-libc-dev, the HSA/AQL headers from
+libhsa-runtime-dev, the SDMA and PM4 packet headers from the tarball in linux-source-6.1, the kernel descriptor from
+LLVM's AMDHSAKernelDescriptor.h in llvm-14-dev (C++: read in C++ mode). Each is taken from the installed package when
+it is there (CI: `apt-get install linux-libc-dev libhsa-runtime-dev linux-source-6.1 llvm-14-dev`), else from a .deb
+named by --<package>-deb, else from the .deb `apt-get download` fetches. SDMA fields, which the headers
+spell as NAME_offset / NAME_mask / NAME_shift, also become NAME = (hi, lo) over the whole packet.
 
 How it works: libclang parses one translation unit per output module; structures and unions become
 ctypes classes, enumerators and #define macros that are integer constant expressions become integers,
@@ -35,6 +43,7 @@ import tempfile
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 try:
   from clang import cindex
@@ -65,6 +74,9 @@ class Repository:
   @property
   def short_name(self) -> str:
     return self.name.split("/")[1]
+
+  def describe(self, rev: str, commit: str) -> str:
+    return f"{self.name} {rev} (commit {commit})"
 
 
 NVIDIA_KERNEL = Repository(
@@ -128,23 +140,137 @@ def extract(repo: Repository, gdir: Path, rev: str, dest: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# Sources for AMD: Debian packages, as installed or fetched with `apt-get download`
+# ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DebianPackage:
+  name: str                      # the package, as apt names it
+  option: str                    # command-line option naming a local .deb of it
+  files: tuple[str, ...]         # the headers to take: paths inside the package, or inside its tarball
+  tarball: str = ""              # a tarball inside the package that holds the files (linux-source)
+
+  @property
+  def short_name(self) -> str:
+    return self.name
+
+  def describe(self, version: str, origin: str) -> str:
+    return f"{self.name} {version} (Debian package)"
+
+
+@dataclass(frozen=True)
+class StubHeaders:
+  """Headers we write ourselves where the real one would pull in a tree nothing here needs."""
+  short_name: str
+  files: tuple[tuple[str, str], ...]   # (path, text)
+
+  @property
+  def name(self) -> str:
+    return f"rawgrad {self.short_name}"
+
+  def describe(self, version: str, origin: str) -> str:
+    return f"{self.name} (written by tools/autogen.py)"
+
+
+Source = Repository | DebianPackage | StubHeaders
+
+
+def run_tool(command: list[str], what: str, cwd: Path | None = None) -> str:
+  proc = subprocess.run(command, capture_output=True, text=True, cwd=cwd)
+  if proc.returncode != 0:
+    raise AutogenError(f"{what}: `{' '.join(command)}` failed: {proc.stderr.strip()[:2000]}")
+  return proc.stdout
+
+
+def installed_version(package: DebianPackage) -> str | None:
+  """The installed version, or None unless the package and every file it is to give are on this machine."""
+  proc = subprocess.run(["dpkg-query", "-W", "-f=${Status}\t${Version}", package.name], capture_output=True,
+                        text=True)
+  if proc.returncode != 0 or not proc.stdout.startswith("install ok installed"):
+    return None
+  needed = [package.tarball] if package.tarball else list(package.files)
+  return proc.stdout.split("\t")[1] if all((Path("/") / f).is_file() for f in needed) else None
+
+
+def unpack_deb(package: DebianPackage, deb: Path, work: Path) -> tuple[Path, str]:
+  """(the directory the .deb is unpacked into, its version)."""
+  root = work / f"{package.name}-deb"
+  run_tool(["dpkg-deb", "-x", str(deb), str(root)], f"unpacking {deb}")
+  version = run_tool(["dpkg-deb", "-f", str(deb), "Version"], f"reading the version of {deb}").strip()
+  return root, version
+
+
+def package_root(package: DebianPackage, given: Path | None, work: Path) -> tuple[Path, str, str]:
+  """(where the package's files lie, its version, where they came from): a given .deb, the installed package, or
+  the .deb `apt-get download` fetches."""
+  if given is not None:
+    return (*unpack_deb(package, given, work), str(given))
+  if (version := installed_version(package)) is not None:
+    return Path("/"), version, "installed"
+  downloads = work / "downloads"
+  downloads.mkdir(exist_ok=True)
+  run_tool(["apt-get", "download", package.name], f"{package.name} is not installed", cwd=downloads)
+  deb = next(downloads.glob(f"{package.name}_*.deb"))
+  return (*unpack_deb(package, deb, work), "apt-get download")
+
+
+def take_package(package: DebianPackage, given: Path | None, work: Path, tree: Path) -> tuple[str, str]:
+  """Copy the package's header files to tree/<package>/<path>; returns (version, origin)."""
+  root, version, origin = package_root(package, given, work)
+  dest = tree / package.short_name
+  if package.tarball:
+    top = tarball_top_directory(root / package.tarball)
+    members = [f"{top}/{f}" for f in package.files]
+    run_tool(["tar", "-xf", str(root / package.tarball), "-C", str(work), *members],
+             f"extracting headers from {package.tarball}")
+    sources = {f: work / top / f for f in package.files}
+  else:
+    sources = {f: root / f for f in package.files}
+  for path, source in sources.items():
+    if not source.is_file():
+      raise AutogenError(f"{package.name} {version} ({origin}) has no {path}")
+    (dest / path).parent.mkdir(parents=True, exist_ok=True)
+    (dest / path).write_bytes(source.read_bytes())
+  return version, origin
+
+
+def tarball_top_directory(tarball: Path) -> str:
+  """The directory a source tarball unpacks into (linux-source-6.1), from its first member."""
+  with tarfile.open(tarball) as archive:
+    first = archive.next()
+  if first is None:
+    raise AutogenError(f"{tarball} is empty")
+  return first.name.split("/")[0]
+
+
+def write_stubs(stubs: StubHeaders, tree: Path) -> None:
+  for path, text in stubs.files:
+    (tree / stubs.short_name / path).parent.mkdir(parents=True, exist_ok=True)
+    (tree / stubs.short_name / path).write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------
 # What to generate: one module per translation unit, from an explicit list of headers
 # ---------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Header:
-  repo: Repository
-  path: str                      # inside the repository
+  repo: Source
+  path: str                      # inside the repository (or package)
   only: tuple[str, ...] = ()     # name prefixes to keep (structures and constants); empty keeps all
+  enums: tuple[str, ...] = ()    # keep only the enumerators of these enum types (huge register headers)
 
 
 @dataclass(frozen=True)
 class Module:
   name: str
   doc: str
-  include_dirs: tuple[tuple[Repository, str], ...]
+  include_dirs: tuple[tuple[Source, str], ...]
   headers: tuple[Header, ...]
   preamble: str = '#include "nvtypes.h"'  # class headers use NvU32 without including nvtypes.h
+  mask_ranges: bool = False      # NAME_offset/_mask/_shift families also become NAME = (hi, lo) over the packet
+  words32: bool = False          # constants and functions are 32-bit words: C's negative int is read unsigned
+  language: str = "c"            # "c++": structures and enumerators (in namespaces too); macros are not read
 
 
 SDK = "src/common/sdk/nvidia/inc"
@@ -216,6 +342,89 @@ NV_MODULES = (
             "compute/clcdc0qmd.h", "compute/clcec0qmd.h"),
         # QMD fields are written MW(hi:lo); the macro is left to the user, the identity keeps hi:lo
         preamble='#include "nvtypes.h"\n#ifndef MW\n#define MW(x) x\n#endif'),
+)
+
+
+AMDGPU = "drivers/gpu/drm/amd/amdgpu"
+AMD_INCLUDE = "drivers/gpu/drm/amd/include"
+LINUX_LIBC_DEV = DebianPackage("linux-libc-dev", "--linux-libc-dev-deb", ("usr/include/linux/kfd_ioctl.h",))
+HSA_RUNTIME_DEV = DebianPackage(
+    "libhsa-runtime-dev", "--hsa-runtime-dev-deb",
+    tuple(f"usr/include/hsa/{name}.h" for name in ("hsa", "amd_hsa_common", "amd_hsa_queue", "amd_hsa_signal",
+                                                   "amd_hsa_kernel_code", "hsa_ven_amd_aqlprofile")))
+LINUX_SOURCE = DebianPackage(
+    "linux-source-6.1", "--linux-source-deb",
+    (f"{AMDGPU}/vega10_sdma_pkt_open.h", f"{AMDGPU}/sdma_v6_0_0_pkt_open.h", f"{AMDGPU}/soc15d.h", f"{AMDGPU}/nvd.h",
+     f"{AMD_INCLUDE}/vega10_enum.h", f"{AMD_INCLUDE}/soc21_enum.h", f"{AMD_INCLUDE}/asic_reg/gc/gc_9_4_2_sh_mask.h",
+     f"{AMD_INCLUDE}/asic_reg/gc/gc_11_0_0_sh_mask.h"),
+    tarball="usr/src/linux-source-6.1.tar.xz")
+LLVM_INCLUDE = "usr/include/llvm-14"
+LLVM_DEV = DebianPackage("llvm-14-dev", "--llvm-dev-deb", (f"{LLVM_INCLUDE}/llvm/Support/AMDHSAKernelDescriptor.h",))
+AMD_PACKAGES = (LINUX_LIBC_DEV, HSA_RUNTIME_DEV, LINUX_SOURCE, LLVM_DEV)
+# kfd_ioctl.h includes <drm/drm.h> for the __u32 family alone; libdrm's full header is not needed for that
+AMD_STUBS = StubHeaders("stubs", (("drm/drm.h", "/* rawgrad autogen stub: kfd_ioctl.h needs only the __u* types */\n"
+                                                "#include <linux/types.h>\n"),))
+HSA_INCLUDE = "usr/include/hsa"
+
+
+def hsa(name: str, only: tuple[str, ...] = ()) -> Header:
+  return Header(HSA_RUNTIME_DEV, f"{HSA_INCLUDE}/{name}.h", only)
+
+
+def sdma_module(name: str, header: str, chips: str) -> Module:
+  return Module(
+      name, f"SDMA (system DMA engine) packets for {chips}: opcodes, and each packet field as NAME_offset (its dword), "
+      "NAME_mask and NAME_shift as the header spells them, plus NAME = (hi, lo): the field's bits counted over the "
+      "whole packet (dword NAME_offset holds bits 32*offset .. 32*offset+31).",
+      ((LINUX_SOURCE, AMDGPU),), (Header(LINUX_SOURCE, f"{AMDGPU}/{header}"),), preamble="", mask_ranges=True,
+      words32=True)
+
+
+def pm4_module(name: str, header: str, enums: str, registers: str, chips: str) -> Module:
+  return Module(
+      name, f"PM4 type-3 packets of the command processor for {chips}: opcodes (PACKET3_*), the header builder "
+      "PACKET3(op, count), field builders of an index (DATA_SEL(x) = x << 29 ...), the event types "
+      "(VGT_EVENT_TYPE) RELEASE_MEM and EVENT_WRITE take, and the scratch ring register's fields "
+      "(COMPUTE_TMPRING_SIZE, which an AQL queue's amd_queue_t carries for the CP).",
+      ((LINUX_SOURCE, AMDGPU), (LINUX_SOURCE, AMD_INCLUDE)),
+      (Header(LINUX_SOURCE, f"{AMDGPU}/{header}"),
+       Header(LINUX_SOURCE, f"{AMD_INCLUDE}/{enums}", enums=("VGT_EVENT_TYPE",)),
+       Header(LINUX_SOURCE, f"{AMD_INCLUDE}/asic_reg/gc/{registers}", only=("COMPUTE_TMPRING_SIZE__",))),
+      preamble="", words32=True)
+
+
+AMD_MODULES = (
+    Module(
+        "kfd", "KFD (the amdkfd kernel driver's /dev/kfd) ioctls: AMDKFD_IOC_* request numbers, their argument "
+        "structures, memory allocation flags, queue types, event types and wait results.",
+        ((AMD_STUBS, ""), (LINUX_LIBC_DEV, "usr/include")),
+        (Header(LINUX_LIBC_DEV, "usr/include/linux/kfd_ioctl.h"),), preamble="", words32=True),
+    Module(
+        "hsa", "HSA architected queuing language (AQL): packet headers and types, kernel dispatch and barrier "
+        "packets, fence scopes, queues; AMD's signal (amd_signal_t: what a completion signal handle points at) "
+        "and queue (amd_queue_t) structures; the compute program resource and kernel code property bits of the "
+        "kernel descriptor; the vendor-specific AQL packet that carries PM4 commands.",
+        ((HSA_RUNTIME_DEV, HSA_INCLUDE),),
+        (hsa("hsa", only=("hsa_signal_t", "hsa_queue_t", "hsa_kernel_dispatch_packet", "hsa_agent_dispatch_packet",
+                          "hsa_barrier_and_packet", "hsa_barrier_or_packet", "HSA_PACKET_", "HSA_FENCE_SCOPE",
+                          "HSA_QUEUE_TYPE", "HSA_QUEUE_FEATURE", "HSA_KERNEL_DISPATCH_PACKET_SETUP")),
+         hsa("amd_hsa_common", only=("AMD_HSA",)), hsa("amd_hsa_queue"), hsa("amd_hsa_signal"),
+         hsa("amd_hsa_kernel_code"),
+         # the vendor-specific AQL packet that carries PM4 (signals, waits and timestamps ride in it)
+         hsa("hsa_ven_amd_aqlprofile", only=("hsa_ext_amd_aql_pm4_packet_t",))), preamble=""),
+    Module(
+        "kernel_descriptor", "The code object (v3 and later) kernel descriptor an AQL dispatch's kernel_object points "
+        "at (kernel_descriptor_t, 64 bytes), and its bit fields: COMPUTE_PGM_RSRC1/2/3 and KERNEL_CODE_PROPERTY_* "
+        "(each NAME, NAME_SHIFT, NAME_WIDTH). From LLVM's AMDGPU support header, the one definition of the layout "
+        "(C++: read as C++, no macros taken).",
+        ((LLVM_DEV, LLVM_INCLUDE),), (Header(LLVM_DEV, f"{LLVM_INCLUDE}/llvm/Support/AMDHSAKernelDescriptor.h"),),
+        preamble="", language="c++"),
+    sdma_module("sdma_v4", "vega10_sdma_pkt_open.h", "SDMA 4.x (gfx9: Vega, MI100-MI300, so gfx942)"),
+    sdma_module("sdma_v6", "sdma_v6_0_0_pkt_open.h", "SDMA 6.0 (gfx11: RDNA3, so gfx1100)"),
+    # gc 9.4.2 (MI200) is the newest gfx9 register file in 6.1; gfx942 (gc 9.4.3) keeps its COMPUTE_TMPRING_SIZE
+    pm4_module("pm4_gfx9", "soc15d.h", "vega10_enum.h", "gc_9_4_2_sh_mask.h",
+               "gfx9 (SOC15: Vega, MI100-MI300, so gfx942)"),
+    pm4_module("pm4_gfx11", "nvd.h", "soc21_enum.h", "gc_11_0_0_sh_mask.h", "gfx10 and gfx11 (so gfx1100)"),
 )
 
 
@@ -342,8 +551,8 @@ def gcc_include_dir() -> str:
 
 
 def compile_args(module: Module, tree: Path) -> list[str]:
-  """The arguments clang and gcc share: the C dialect and the module's include directories."""
-  args = ["-std=gnu11"]
+  """The arguments clang and gcc share: the language and dialect, and the module's include directories."""
+  args = ["-x", "c++", "-std=gnu++17"] if module.language == "c++" else ["-std=gnu11"]
   for repo, directory in module.include_dirs:
     args += ["-I", str(tree / repo.short_name / directory)]
   return args
@@ -360,7 +569,8 @@ def parse(path: Path, text: str, args: list[str]) -> cindex.TranslationUnit:
   options = (cindex.TranslationUnit.PARSE_DETAILED_PROCESSING_RECORD
              | cindex.TranslationUnit.PARSE_SKIP_FUNCTION_BODIES)
   # the libclang wheel has no compiler headers (stddef.h, ...); gcc's serve
-  clang_args = ["-x", "c", *args, "-ferror-limit=0", "-isystem", gcc_include_dir()]
+  language = [] if "-x" in args else ["-x", "c"]
+  clang_args = [*language, *args, "-ferror-limit=0", "-isystem", gcc_include_dir()]
   return cindex.Index.create().parse(str(path), args=clang_args, unsaved_files=[(str(path), text)], options=options)
 
 
@@ -386,6 +596,16 @@ class Collector:
 
   # --- where things are declared
 
+  def declarations(self) -> Iterator[cindex.Cursor]:
+    """File-scope declarations, and those inside C++ namespaces, in order."""
+    pending = list(self.tu.cursor.get_children())
+    while pending:
+      cursor = pending.pop(0)
+      if cursor.kind == cindex.CursorKind.NAMESPACE:
+        pending[0:0] = list(cursor.get_children())
+      else:
+        yield cursor
+
   def header_of(self, cursor: cindex.Cursor) -> Header | None:
     location = cursor.location
     return self.own.get(os.path.realpath(location.file.name)) if location.file else None
@@ -401,12 +621,13 @@ class Collector:
 
   @staticmethod
   def wanted(header: Header, name: str) -> bool:
-    return not header.only or name.startswith(header.only)
+    """A structure or constant of `header` to keep (a header kept for some enums gives nothing else)."""
+    return not header.enums and (not header.only or name.startswith(header.only))
 
   # --- records
 
   def collect_typedef_names(self) -> None:
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       if cursor.kind != cindex.CursorKind.TYPEDEF_DECL:
         continue
       underlying = cursor.underlying_typedef_type
@@ -421,6 +642,8 @@ class Collector:
     if typedefs:
       return typedefs[0], typedefs[0]
     if (tag := tag_of(decl)) is not None:
+      if self.module.language == "c++":   # C++ names a record by its qualified name (llvm::amdhsa::...)
+        return tag, decl.type.get_canonical().spelling
       return tag, f"{'union' if decl.kind == cindex.CursorKind.UNION_DECL else 'struct'} {tag}"
     return None, None
 
@@ -429,13 +652,13 @@ class Collector:
     """The Record for a struct/union declaration. An unnamed one is named after its parent and member, and
     the probe reaches it from the parent through `designator` (e.g. `entries[0]`)."""
     decl = decl.get_definition() or decl
-    usr = decl.get_usr()
+    usr = record_key(decl)
     if usr in self.records:
       return self.records[usr]
     name, c_spelling = self.record_names(decl)
     if name is not None:
       c_root, c_prefix = c_spelling, ""
-      for other in [*self.typedef_names.get(usr, []), tag_of(decl)]:
+      for other in [*self.typedef_names.get(decl.get_usr(), []), tag_of(decl)]:
         if other and other != name:
           self.aliases.setdefault(other, name)
     elif parent is not None:
@@ -493,7 +716,7 @@ class Collector:
 
   def collect_records(self) -> None:
     """Records declared in the module's headers, and every record they contain."""
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       header = self.header_of(cursor)
       if header is None:
         continue
@@ -531,17 +754,28 @@ class Collector:
 
   def collect_enumerators(self) -> list[Constant]:
     constants = []
-    for cursor in self.tu.cursor.get_children():
+    for cursor in self.declarations():
       header = self.header_of(cursor)
       if cursor.kind != cindex.CursorKind.ENUM_DECL or header is None:
         continue
+      if header.enums and cursor.spelling not in header.enums:
+        continue
       for enumerator in cursor.get_children():
-        if self.wanted(header, enumerator.spelling):
+        if header.enums or self.wanted(header, enumerator.spelling):
           hexadecimal = any(t.spelling.lower().startswith("0x") for t in enumerator.get_tokens())
           # the enum's line, not the enumerator's: nvstatus.h's enumerators are spelled in nvstatuscodes.h
           constants.append(Constant(enumerator.spelling, header, cursor.location.line, enumerator.enum_value,
                                     hexadecimal))
     return constants
+
+
+def record_key(decl: cindex.Cursor) -> str:
+  """What tells records apart: the USR, and for an unnamed one also where it is (libclang gives two anonymous
+  unions of one struct the same USR)."""
+  if tag_of(decl) is not None:
+    return decl.get_usr()
+  where = decl.location
+  return f"{decl.get_usr()}@{where.file.name if where.file else ''}:{where.line}:{where.column}"
 
 
 def record_kinds() -> tuple:
@@ -686,8 +920,15 @@ PROBE_PRELUDE = r"""#include <stdio.h>
 #include <string.h>
 static void rg_u(const char *key, unsigned long long value) { printf("%s\t%llu\n", key, value); }
 static void rg_s(const char *key, long long value) { printf("%s\t%lld\n", key, value); }
+#ifdef __cplusplus
+template <typename T> static void rg_int(const char *key, T value) {
+    if ((T)-1 < (T)0) rg_s(key, (long long)value); else rg_u(key, (unsigned long long)value);
+}
+#define RG_INT(key, x) rg_int(key, 0 + (x))
+#else
 #define RG_INT(key, x) _Generic(0 + (x), unsigned int: rg_u, unsigned long: rg_u, unsigned long long: rg_u, \
                                 default: rg_s)(key, (x))
+#endif
 static void rg_bits(const char *key, const unsigned char *bytes, size_t size, size_t base) {
     size_t first = (size_t)-1, last = 0;
     for (size_t i = 0; i < size * 8; i++)
@@ -830,11 +1071,13 @@ def build_module(module: Module, tree: Path, work: Path) -> ModuleResult:
   for macro in macros:
     if macro.params is not None and "..." not in macro.params:
       macro.python = macro_function_body(macro.body, macro.params, names)
-  classify_macros(macros, base, work / f"{module.name}_check.c", args)
+  if module.language == "c":   # the integer test is C's _Generic
+    classify_macros(macros, base, work / f"{module.name}_check.c", args)
   records = list(collector.records.values())
   probe = run_probe(probe_source(base, records, macros), args, work, module.name)
   check_layouts(records, probe)
   constants, dropped = constants_of(module, macros, enumerators, probe)
+  if module.mask_ranges: constants = with_mask_ranges(constants)
   check_names(module, records, collector.aliases, constants)
   return ModuleResult(module, records, collector.aliases, constants, probe, dropped)
 
@@ -867,7 +1110,9 @@ def constants_of(module: Module, macros: list[Macro], enumerators: list[Constant
   for macro in macros:
     if macro.params is None and macro.kind == "int":
       hexadecimal = any(t.lower().startswith("0x") for t in macro.body)
-      constants.append(Constant(macro.name, macro.header, macro.line, probe.values[macro.name], hexadecimal))
+      value = probe.values[macro.name]
+      if module.words32 and -2**31 <= value < 0: value += 2**32   # (1 << 31) as the flag word it stands for
+      constants.append(Constant(macro.name, macro.header, macro.line, value, hexadecimal))
     elif macro.params is None and macro.kind == "range":
       bounds = probe.ranges[macro.name]
       constants.append(Constant(macro.name, macro.header, macro.line, (bounds["hi"], bounds["lo"])))
@@ -876,21 +1121,49 @@ def constants_of(module: Module, macros: list[Macro], enumerators: list[Constant
   for macro in macros:
     if macro.params is None or not macro.kind:
       continue
-    if function_matches(macro, probe.samples[macro.name], namespace):
+    if function_matches(macro, probe.samples[macro.name], namespace, module.words32):
       constants.append(Constant(macro.name, macro.header, macro.line, function=macro))
     else:
       dropped.append(macro.name)
   return sorted(constants, key=lambda c: (module.headers.index(c.header), c.line)), dropped
 
 
-def function_matches(macro: Macro, samples: dict[str, object], namespace: dict[str, object]) -> bool:
+def mask_range(offset: int, mask: int, shift: int, name: str) -> tuple[int, int]:
+  """(hi, lo) over a packet of a field in dword `offset`, `mask` wide (ones from bit 0) at `shift`."""
+  width = mask.bit_length()
+  if mask <= 0 or mask != (1 << width) - 1 or shift + width > 32:
+    raise AutogenError(f"{name}: mask {mask:#x} at shift {shift} is not a field inside one dword")
+  return 32 * offset + shift + width - 1, 32 * offset + shift
+
+
+def with_mask_ranges(constants: list[Constant]) -> list[Constant]:
+  """Each NAME_offset / NAME_mask / NAME_shift family followed by NAME = (hi, lo), the field's bits over the packet
+  (the shape set_field-style helpers take)."""
+  values = {c.name: c.value for c in constants}
+  out = []
+  for constant in constants:
+    out.append(constant)
+    if not constant.name.endswith("_offset"): continue
+    name = constant.name[:-len("_offset")]
+    mask, shift = values.get(f"{name}_mask"), values.get(f"{name}_shift")
+    if isinstance(mask, int) and isinstance(shift, int) and isinstance(constant.value, int) and name not in values:
+      out.append(Constant(name, constant.header, constant.line, mask_range(constant.value, mask, shift, name)))
+  return out
+
+
+def function_matches(macro: Macro, samples: dict[str, object], namespace: dict[str, object],
+                     words32: bool = False) -> bool:
+  """The Python form gives gcc's values at the sample arguments. With `words32`, a negative int from C (a shift into
+  bit 31 of a packet word) matches Python's unsigned reading of the same 32 bits."""
   function = eval(f"lambda {', '.join(macro.params)}: {macro.python}", dict(namespace))  # our own translation
   for argument, expected in samples.items():
     expected = (expected["hi"], expected["lo"]) if isinstance(expected, dict) else expected
     try:
       got = function(*[int(argument)] * len(macro.params))
-    except (NameError, TypeError, ZeroDivisionError):
+    except (NameError, TypeError, ValueError, OverflowError, ZeroDivisionError):  # ValueError: a negative shift
       return False
+    if words32 and isinstance(expected, int) and -2**31 <= expected < 0 and got == expected + 2**32:
+      continue
     if got != expected:
       return False
   return True
@@ -911,11 +1184,20 @@ def check_names(module: Module, records: list[Record], aliases: dict[str, str], 
 
 @dataclass(frozen=True)
 class Provenance:
-  revisions: dict[str, tuple[str, str]]   # repository -> (revision asked for, commit)
+  revisions: dict[str, tuple[str, str]]   # repository -> (revision asked for, commit); package -> (version, origin)
+  target: str = "nv"
 
   def command(self) -> str:
+    if self.target == "amd":
+      return "python tools/autogen.py amd"
     return (f"python tools/autogen.py nv {NVIDIA_KERNEL.rev_option} {self.revisions[NVIDIA_KERNEL.name][0]} "
             f"{NVIDIA_DOC.rev_option} {self.revisions[NVIDIA_DOC.name][0]}")
+
+  def sources(self) -> dict[str, dict[str, str]]:
+    """What layouts.json records of each source."""
+    if self.target == "amd":
+      return {package: {"version": version} for package, (version, _) in self.revisions.items()}
+    return {repo: {"rev": rev, "commit": commit} for repo, (rev, commit) in self.revisions.items()}
 
 
 def file_header(result: ModuleResult, provenance: Provenance) -> list[str]:
@@ -926,8 +1208,7 @@ def file_header(result: ModuleResult, provenance: Provenance) -> list[str]:
                          break_on_hyphens=False),
            "# Sources (read at generation time, never committed):"]
   for repo in dict.fromkeys(h.repo for h in result.module.headers):
-    rev, commit = provenance.revisions[repo.name]
-    lines.append(f"#   {repo.name} {rev} (commit {commit})")
+    lines.append(f"#   {repo.describe(*provenance.revisions[repo.name])}")
     lines += [f"#     {h.path}" + (f"  (only {', '.join(h.only)}*)" if h.only else "")
               for h in result.module.headers if h.repo is repo]
   lines.append(f"# {counts['records']} structures/unions, {counts['integers']} integer constants, "
@@ -1004,7 +1285,7 @@ def render_layouts(results: list[ModuleResult], provenance: Provenance) -> str:
   """layouts.json, one class per line so a regeneration's diff shows what moved."""
   compiler = subprocess.run(["gcc", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
   head = {"generated_by": provenance.command(), "compiler": f"{compiler}, {platform.machine()}",
-          "sources": {repo: {"rev": rev, "commit": commit} for repo, (rev, commit) in provenance.revisions.items()}}
+          "sources": provenance.sources()}
   modules = []
   for result in results:
     entries = [f"   {json.dumps(name)}: {json.dumps(entry)}" for name, entry in layouts_of(result).items()]
@@ -1013,11 +1294,17 @@ def render_layouts(results: list[ModuleResult], provenance: Provenance) -> str:
   return "{\n" + head_lines + ' "modules": {\n' + ",\n".join(modules) + "\n }\n}\n"
 
 
+def module_summaries(results: list[ModuleResult]) -> str:
+  return "\n".join(line for r in results for line in
+                   textwrap.wrap(f"{r.module.name}: {r.module.doc}", 116, initial_indent="#   ",
+                                 subsequent_indent="#     ", break_on_hyphens=False))
+
+
 def render_package_init(results: list[ModuleResult], provenance: Provenance) -> str:
+  if provenance.target == "amd":
+    return render_amd_package_init(results, provenance)
   rev, commit = provenance.revisions[NVIDIA_KERNEL.name]
-  modules = "\n".join(line for r in results for line in
-                      textwrap.wrap(f"{r.module.name}: {r.module.doc}", 116, initial_indent="#   ",
-                                    subsequent_indent="#     ", break_on_hyphens=False))
+  modules = module_summaries(results)
   return (f"# Generated by tools/autogen.py: never edit by hand; change the generator and run `make autogen`.\n"
           f"# Command: {provenance.command()}\n"
           f"# ctypes bindings for NVIDIA GPUs from the real headers:\n{modules}\n"
@@ -1027,6 +1314,19 @@ def render_package_init(results: list[ModuleResult], provenance: Provenance) -> 
           f'SOURCE_REPOSITORY = "{NVIDIA_KERNEL.name}"\n'
           f'SOURCE_TAG = "{rev}"\n'
           f'SOURCE_COMMIT = "{commit}"\n')
+
+
+def render_amd_package_init(results: list[ModuleResult], provenance: Provenance) -> str:
+  kfd = next(r for r in results if r.module.name == "kfd")
+  major, minor = (kfd.probe.values[f"KFD_IOCTL_{part}_VERSION"] for part in ("MAJOR", "MINOR"))
+  packages = "".join(f'    "{name}": "{version}",\n' for name, (version, _) in provenance.revisions.items())
+  return (f"# Generated by tools/autogen.py: never edit by hand; change the generator and run `make autogen`.\n"
+          f"# Command: {provenance.command()}\n"
+          f"# ctypes bindings for AMD GPUs from the real headers:\n{module_summaries(results)}\n"
+          f"# layouts.json holds gcc's sizeof/offsetof of every class; tests/autogen checks them.\n\n"
+          f"# the KFD ioctl interface the headers describe; a kernel reporting another major version is refused\n"
+          f"KFD_IOCTL_VERSION = ({major}, {minor})\n"
+          f"SOURCE_PACKAGES = {{\n{packages}}}\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1043,6 +1343,21 @@ def generate_nv(args: argparse.Namespace, work: Path) -> list[ModuleResult]:
     print(f"{repo.name} {rev}: commit {revisions[repo.name][1]} from {gdir}")
   provenance = Provenance(revisions)
   results = [build_module(module, tree, work) for module in NV_MODULES]
+  for result in results:
+    report(result)
+  write_outputs(args.out, results, provenance)
+  return results
+
+
+def generate_amd(args: argparse.Namespace, work: Path) -> list[ModuleResult]:
+  tree = work / "headers"
+  write_stubs(AMD_STUBS, tree)
+  revisions = {}
+  for package in AMD_PACKAGES:
+    revisions[package.name] = take_package(package, getattr(args, option_attribute(package.option)), work, tree)
+    print(f"{package.name} {revisions[package.name][0]} ({revisions[package.name][1]})")
+  provenance = Provenance(revisions, "amd")
+  results = [build_module(module, tree, work) for module in AMD_MODULES]
   for result in results:
     report(result)
   write_outputs(args.out, results, provenance)
@@ -1104,18 +1419,28 @@ def argument_parser() -> argparse.ArgumentParser:
   nv.add_argument("--out", type=Path, default=REPO_ROOT / "rawgrad" / "autogen" / "nv", help="output directory")
   nv.add_argument("--keep", type=Path, metavar="DIR",
                   help="work in DIR and keep the extracted headers, translation units and probes there")
+  amd = targets.add_parser("amd", help="AMD: KFD ioctls, AQL packets and HSA signals, SDMA and PM4 packets -> "
+                                       "rawgrad/autogen/amd/")
+  for package in AMD_PACKAGES:
+    amd.add_argument(package.option, type=Path, metavar="DEB",
+                     help=f"a local .deb of {package.name}; default: the installed package, else `apt-get download "
+                          f"{package.name}`")
+  amd.add_argument("--out", type=Path, default=REPO_ROOT / "rawgrad" / "autogen" / "amd", help="output directory")
+  amd.add_argument("--keep", type=Path, metavar="DIR",
+                   help="work in DIR and keep the extracted headers, translation units and probes there")
   return parser
 
 
 def main(argv: list[str] | None = None) -> int:
   args = argument_parser().parse_args(argv)
+  generate = generate_amd if args.target == "amd" else generate_nv
   try:
     if args.keep:
       args.keep.mkdir(parents=True, exist_ok=True)
-      generate_nv(args, args.keep)
+      generate(args, args.keep)
     else:
       with tempfile.TemporaryDirectory(prefix="rawgrad-autogen-") as work:
-        generate_nv(args, Path(work))
+        generate(args, Path(work))
   except AutogenError as error:
     print(f"autogen: {error}", file=sys.stderr)
     return 1

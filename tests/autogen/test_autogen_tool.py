@@ -144,3 +144,90 @@ def test_pipeline_layouts(tmp_path: Path):
   assert layouts["TrickyBits"]["bitfields"] == {"low": [0, 3], "high": [3, 5], "rest": [8, 24]}
   assert layouts["TrickyNested_items"] == {"size": 6, "fields": {"v": [0, 2], "w": [2, 3]}}
   assert layouts["TrickyNested"]["fields"]["tail"] == [52, None]  # a flexible array has no sizeof
+
+
+# ---- what the AMD headers need: mask/shift field families, 32-bit words, two unnamed unions in one struct
+
+PACKET_HEADER = r"""
+#include <stdint.h>
+#define PKT_HEADER_op_offset 0
+#define PKT_HEADER_op_mask 0x000000FF
+#define PKT_HEADER_op_shift 0
+#define PKT_COUNT_count_offset 1
+#define PKT_COUNT_count_mask 0x003FFFFF
+#define PKT_COUNT_count_shift 0
+#define PKT_COUNT_COUNT(x) (((x) & PKT_COUNT_count_mask) << PKT_COUNT_count_shift)
+#define PKT_POLL_mem_offset 0
+#define PKT_POLL_mem_mask 0x00000001
+#define PKT_POLL_mem_shift 31
+#define PKT_POLL_MEM(x) (((x) & PKT_POLL_mem_mask) << PKT_POLL_mem_shift)
+#define FLAG_TOP (1 << 31)
+#define NEGATIVE_WORD_SHIFT(x) ((x) << 30)
+typedef struct {
+  int64_t kind;
+  union { int64_t value; uint64_t *pointer; };
+  uint64_t mailbox;
+  union { void *queue; uint64_t reserved; };
+} TwoUnions;
+"""
+
+
+def generate_module(tmp_path: Path, header: str, **options: object):
+  if autogen.cindex is None or shutil.which("gcc") is None:
+    pytest.skip("needs libclang (pip install -e '.[autogen]') and gcc")
+  stubs = autogen.StubHeaders("synthetic", (("packet.h", header),))
+  autogen.write_stubs(stubs, tmp_path)
+  module = autogen.Module("packet", "packets", ((stubs, ""),), (autogen.Header(stubs, "packet.h"),), preamble="",
+                          **options)
+  result = autogen.build_module(module, tmp_path, tmp_path)
+  source = autogen.render_module(result, autogen.Provenance({stubs.name: ("test", "none")}, "amd"))
+  autogen.check_ctypes(result, source)
+  namespace: dict = {}
+  exec(source, namespace)
+  return namespace
+
+
+def test_mask_families_become_hi_lo_over_the_packet():
+  assert autogen.mask_range(1, 0x3FFFFF, 0, "count") == (53, 32)
+  assert autogen.mask_range(0, 1, 31, "mem") == (31, 31)
+  with pytest.raises(autogen.AutogenError, match="not a field inside one dword"):
+    autogen.mask_range(0, 0xF0, 0, "holes")
+  with pytest.raises(autogen.AutogenError, match="not a field inside one dword"):
+    autogen.mask_range(0, 0xFF, 28, "straddles")
+
+
+def test_packet_headers_through_the_pipeline(tmp_path: Path):
+  ns = generate_module(tmp_path, PACKET_HEADER, mask_ranges=True, words32=True)
+  assert (ns["PKT_HEADER_op"], ns["PKT_COUNT_count"], ns["PKT_POLL_mem"]) == ((7, 0), (53, 32), (31, 31))
+  assert ns["PKT_COUNT_count_offset"] == 1 and ns["PKT_COUNT_COUNT"](5) == 5
+  # bit 31 of a 32-bit word: C's int says negative, the word it builds is this
+  assert ns["FLAG_TOP"] == 1 << 31 and ns["PKT_POLL_MEM"](1) == 1 << 31 and ns["NEGATIVE_WORD_SHIFT"](3) == 3 << 30
+
+
+def test_without_words32_a_negative_c_value_stays_negative(tmp_path: Path):
+  ns = generate_module(tmp_path, PACKET_HEADER)
+  assert ns["FLAG_TOP"] == -(1 << 31) and "PKT_POLL_MEM" not in ns and "PKT_HEADER_op" not in ns
+
+
+def test_two_unnamed_unions_of_one_struct_stay_apart(tmp_path: Path):
+  two = generate_module(tmp_path, PACKET_HEADER)["TwoUnions"]
+  assert (two.value.offset, two.pointer.offset, two.mailbox.offset, two.queue.offset, two.reserved.offset) == \
+    (8, 8, 16, 24, 24)
+  assert ctypes.sizeof(two) == 32
+
+
+CPP_HEADER = r"""
+#include <cstdint>
+namespace outer { namespace inner {
+enum : int32_t { ENTRY_SHIFT = 3, ENTRY_WIDTH = 2, ENTRY = 3 << 3 };
+struct descriptor_t { uint32_t size; uint8_t reserved[4]; int64_t entry; uint16_t flags; uint8_t tail[6]; };
+} }
+"""
+
+
+def test_cpp_headers_give_namespaced_records_and_enumerators(tmp_path: Path):
+  if shutil.which("g++") is None: pytest.skip("needs g++'s C++ headers")
+  ns = generate_module(tmp_path, CPP_HEADER, language="c++")
+  descriptor = ns["descriptor_t"]
+  assert ctypes.sizeof(descriptor) == 24 and (descriptor.entry.offset, descriptor.flags.offset) == (8, 16)
+  assert (ns["ENTRY_SHIFT"], ns["ENTRY_WIDTH"], ns["ENTRY"]) == (3, 2, 24)
