@@ -5,8 +5,9 @@ PYTHON ?= python3
 install:
 	$(PYTHON) -m pip install -q -e '.[test]'
 
-# the op suite (forward and backward), the jit and the runtime, again on SIM with kernels lowered for a GPU and run by
-# the interpreter: NVIDIA's sm_90, then AMD's gfx1100
+# the op suite (forward and backward), the jit and the runtime, again on each GPU path without a GPU: SIM with kernels
+# lowered for sm_90 and gfx1100 and run by the interpreter, then the NV and AMD drivers against their emulated kernel
+# interfaces, which decode the real command bytes (EMULATE=1)
 DEVICE_SUITE = tests/tensor_ops tests/test_tensor.py tests/test_tensor_jit.py tests/compiler/test_gradient.py \
                tests/nn/test_modules.py tests/nn/test_optim.py tests/engine/test_realize.py tests/runtime/test_memory.py
 
@@ -14,6 +15,9 @@ test: install
 	SPEC=1 $(PYTHON) -m pytest tests
 	DEVICE=SIM SIM_ARCH=sm_90 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
 	DEVICE=SIM SIM_ARCH=gfx1100 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
+	DEVICE=NV EMULATE=1 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
+	DEVICE=AMD EMULATE=1 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
+	DEVICE=AMD EMULATE=1 AMD_ARCH=gfx942 SPEC=1 $(PYTHON) -m pytest $(DEVICE_SUITE)
 
 lint: install
 	$(PYTHON) -m ruff check rawgrad tests tools

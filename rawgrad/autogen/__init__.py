@@ -1,4 +1,4 @@
-"""Generated ctypes bindings (nv/: NVIDIA), made by tools/autogen.py from the real C headers; never edit them by hand.
+"""Generated ctypes bindings (nv/: NVIDIA, amd/: AMD), made by tools/autogen.py from the real C headers; never edit them by hand.
 
 The one hand-written piece is the layout check below, shared by the generator (which runs it before writing) and
 by tests/autogen (which runs it in CI against the gcc record, layouts.json).

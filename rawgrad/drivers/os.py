@@ -7,7 +7,7 @@ emulation in `rawgrad/drivers/<driver>/emulated.py` (its `EmulatedKernel`, one p
 interface of their own for a while.
 
 Mapped memory is ordinary memory of this process either way (an emulation maps real pages), so drivers read and write
-it through numpy views (`host_view`); only MMIO registers (doorbells) go through `write32`/`read32`, where an
+it through numpy views (`host_view`); only MMIO registers (doorbells) go through `write32`/`write64`/`read32`, where an
 emulation notices them.
 """
 from __future__ import annotations
@@ -81,6 +81,10 @@ class KernelInterface:
   def write32(self, address: int, value: int) -> None:
     """Store 32 bits to a mapped register (a doorbell)."""
     ctypes.c_uint32.from_address(address).value = value & 0xFFFFFFFF
+
+  def write64(self, address: int, value: int) -> None:
+    """Store 64 bits in one access (AMD doorbells are 64 bits wide)."""
+    ctypes.c_uint64.from_address(address).value = value & (2**64 - 1)
 
   def read32(self, address: int) -> int:
     return ctypes.c_uint32.from_address(address).value

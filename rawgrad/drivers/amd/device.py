@@ -86,8 +86,9 @@ class AMDProgram:
     self.memory = device.vram_memory(len(image))
     device.copyin(self.memory, memoryview(image))
     self.descriptor_address = self.memory.address + self.kernel.descriptor_offset
-    if program_text is not None: device.kernel.register_program(image[self.kernel.code_offset:], program_text,
-                                                                self.kernel)
+    if program_text is not None:   # an emulated GPU runs this program when a dispatch names the code
+      device.kernel.register_program(self.memory.address + self.kernel.code_offset, image[self.kernel.code_offset:],
+                                     program_text, self.kernel)
 
   def __repr__(self) -> str:
     return f"<AMDProgram {self.name} at {self.descriptor_address:#x}>"

@@ -295,14 +295,15 @@ class EmulatedKernel(KernelInterface):
 
   def write64(self, address: int, value: int) -> None:
     """A 64-bit store; one into a doorbell slice wakes the queue behind that doorbell."""
-    ctypes.c_uint64.from_address(address).value = value & (2**64 - 1)
+    super().write64(address, value)
     for page, length in self.process.doorbell_pages:
       if page <= address < page + length:
         index = (address - page) // 8
         queue = next((q for q in self.process.queues.values() if q.doorbell_index == index), None)
         if queue is not None: queue.ring(value)
 
-  def register_program(self, code: bytes, program_text: str, facts: object) -> None:
+  def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
+    """The emulated GPU finds a dispatch's program by the code bytes its descriptor points at, not by address."""
     register_program(code, program_text, facts)
 
   # ** ioctl

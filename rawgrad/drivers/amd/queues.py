@@ -49,13 +49,6 @@ def queue_error_text(code: int) -> str:
   return "; ".join(reasons) if reasons else "an unknown error"
 
 
-def write_doorbell(kernel: KernelInterface, address: int, value: int) -> None:
-  """A 64-bit doorbell store. The seam's write32 is for 32-bit registers; an emulated kernel that watches doorbells
-  offers write64, the real kernel needs nothing but the store itself."""
-  if (write64 := getattr(kernel, "write64", None)) is not None: write64(address, value)
-  else: ctypes.c_uint64.from_address(address).value = value
-
-
 class Doorbells:
   """The process's doorbell slice on one GPU, mapped from /dev/kfd once the first queue names its offset."""
 
@@ -185,7 +178,7 @@ class AQLQueue:
       self._write(self.write_index % self.entries, packet)
       self.write_index += 1
     self.state.write_dispatch_id = self.write_index
-    write_doorbell(self.kernel, self.doorbell, self.write_index - 1)
+    self.kernel.write64(self.doorbell, self.write_index - 1)
     return first, self.write_index - 1
 
   def _write(self, slot: int, packet: ctypes.Structure) -> None:
@@ -234,7 +227,7 @@ class SDMAQueue:
     self.ring_words[start:start + len(words)] = words
     self.write_pointer += 4 * len(words)
     self.pointer_words[1] = self.write_pointer
-    write_doorbell(self.kernel, self.doorbell, self.write_pointer)
+    self.kernel.write64(self.doorbell, self.write_pointer)
 
   def destroy(self) -> None:
     self.kfd.call(kfd.AMDKFD_IOC_DESTROY_QUEUE, kfd.kfd_ioctl_destroy_queue_args(queue_id=self.queue_id))
