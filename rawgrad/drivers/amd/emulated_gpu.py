@@ -1,6 +1,6 @@
 """The emulated GPU (under emulated.py's KFD): its packet processors, one thread per queue, woken by the doorbell and
 reading packets from the ring bytes in GPU memory exactly as the driver wrote them; the faults that stop a queue; the
-registry of kernels' programs by the hash of their code; the GPU clock.
+GPU clock. Kernels' programs come from ../emulated_programs.py.
 
 The AQL processor (the CP's MEC) runs kernel dispatch packets through the GPU program interpreter, waits out
 barrier-AND/OR packets, and runs the PM4 indirect buffer of a vendor-specific packet (RELEASE_MEM, WAIT_REG_MEM,
@@ -15,20 +15,17 @@ fields), independently of how the driver built them.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import math
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from rawgrad.autogen.amd import hsa
 from rawgrad.autogen.amd import kernel_descriptor as descriptors
-from rawgrad.compiler.ir import UOp
-from rawgrad.compiler.program_text import deserialize_program
 from rawgrad.drivers.amd import packets
+from rawgrad.drivers.emulated_programs import find_program
 from rawgrad.runtime.interpreter import InterpreterError, kernel_parameters, run_program
 
 WAIT_LIMIT_S = 60.0                  # a wait packet gives up (as a hang) after this; host waits time out sooner
@@ -52,39 +49,6 @@ CLOCK_BASE_TICKS = 1 << 36          # the emulated 100 MHz GPU counter is ahead 
 def gpu_clock() -> int:
   """The GPU's 100 MHz counter (what RELEASE_MEM and SDMA timestamps write)."""
   return time.clock_gettime_ns(time.CLOCK_MONOTONIC_RAW) // 10 + CLOCK_BASE_TICKS
-
-
-# *** kernels' programs, found by the hash of their code ***
-
-@dataclass(frozen=True)
-class RegisteredProgram:
-  program: list[UOp]
-  code_bytes: int
-  facts: Any      # the loader's AMDKernel (sizes from the kernel descriptor)
-
-
-PROGRAMS: dict[bytes, RegisteredProgram] = {}
-_programs_lock = threading.Lock()
-
-
-def register_program(code: bytes, program_text: str, facts: Any) -> None:
-  """Remember the linear program behind these code bytes (the driver calls this as it uploads a kernel)."""
-  digest = hashlib.sha256(code).digest()
-  with _programs_lock:
-    if digest not in PROGRAMS: PROGRAMS[digest] = RegisteredProgram(deserialize_program(program_text), len(code), facts)
-
-
-def find_program(read: Callable[[int], bytes]) -> RegisteredProgram | None:
-  """The registered program whose code is at an address (`read(n)` gives the n bytes there)."""
-  with _programs_lock:
-    lengths = sorted({entry.code_bytes for entry in PROGRAMS.values()})
-  for length in lengths:
-    try:
-      code = read(length)
-    except MemoryFault:
-      continue
-    if (found := PROGRAMS.get(hashlib.sha256(code).digest())) is not None: return found
-  return None
 
 
 # *** faults ***
@@ -258,7 +222,8 @@ class AQLEngine(QueueEngine):
     workgroup, grid = self.launch_sizes(packet)
     descriptor = self.kernel_descriptor(packet)
     code_address = packet.kernel_object + descriptor.kernel_code_entry_byte_offset
-    found = find_program(lambda n: self.memory(code_address, n, "instruction fetch").tobytes())
+    found = find_program(lambda n: self.memory(code_address, n, "instruction fetch").tobytes(), MemoryFault,
+                         self.kernel.placed.get(code_address))
     if found is None:
       raise QueueError(INVALID_CODE, f"no program is registered for the code at {code_address:#x} (kernel object "
                                      f"{packet.kernel_object:#x}): was the code object uploaded by the driver?")

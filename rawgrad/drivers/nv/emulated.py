@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import hashlib
 import logging
 import os
 import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,8 +45,7 @@ from rawgrad.autogen.nv import nv_classes as classes
 from rawgrad.autogen.nv import nv_qmd as layouts
 from rawgrad.autogen.nv import nv_rm as rm
 from rawgrad.autogen.nv import nv_uvm as uvm
-from rawgrad.compiler.ir import UOp
-from rawgrad.compiler.program_text import deserialize_program
+from rawgrad.drivers.emulated_programs import Placed, find_program, register_program
 from rawgrad.drivers.os import (MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface, RealKernel, host_view, ioc_number,
                                 ioc_size)
 from rawgrad.runtime.interpreter import InterpreterError, run_program
@@ -98,48 +96,6 @@ ENGINE_GR0, ENGINE_COPY0 = rm.NV2080_ENGINE_TYPE_GR0, rm.NV2080_ENGINE_TYPE_COPY
 
 def gpu_time_ns() -> int:
   return time.monotonic_ns() + GPU_CLOCK_OFFSET_NS
-
-
-# *** the kernels' programs, found by the hash of their code ***
-
-@dataclass(frozen=True)
-class RegisteredProgram:
-  program: list[UOp]
-  code_bytes: int
-  facts: Any      # the cubin's KernelFacts (registers, parameters, shared memory) the QMD is checked against
-
-
-PROGRAMS: dict[bytes, RegisteredProgram] = {}     # SHA-256 of the code -> the first program registered with it
-_programs_lock = threading.Lock()
-
-
-def register_program(code: bytes, program_text: str, facts: Any) -> tuple[bytes, RegisteredProgram]:
-  """Remember the linear program behind these code bytes; returns the code's digest and the entry."""
-  digest = hashlib.sha256(code).digest()
-  entry = RegisteredProgram(deserialize_program(program_text), len(code), facts)
-  with _programs_lock: PROGRAMS.setdefault(digest, entry)
-  return digest, entry
-
-
-def find_program(read: Callable[[int], bytes], placed: tuple[bytes, RegisteredProgram] | None = None
-                 ) -> RegisteredProgram | None:
-  """The program whose code is at an address (`read(n)` gives the n bytes there): the one placed there if the bytes
-  still hash to it, else any registered with those bytes."""
-  if placed is not None:
-    digest, entry = placed
-    try:
-      if hashlib.sha256(read(entry.code_bytes)).digest() == digest: return entry
-    except GPUFault:
-      pass
-  with _programs_lock:
-    lengths = sorted({entry.code_bytes for entry in PROGRAMS.values()})
-  for length in lengths:
-    try:
-      code = read(length)
-    except GPUFault:
-      continue
-    if (found := PROGRAMS.get(hashlib.sha256(code).digest())) is not None: return found
-  return None
 
 
 # *** errors ***
@@ -273,7 +229,7 @@ class EmulatedKernel(KernelInterface):
     self.channels: dict[int, ChannelEngine] = {}       # work-submit token -> channel
     self.video_bytes = 0
     self.faults: list[str] = []
-    self.placed: dict[int, tuple[bytes, RegisteredProgram]] = {}   # GPU address -> the code the driver put there
+    self.placed: dict[int, Placed] = {}   # GPU address -> the code the driver put there
     self.lock = threading.RLock()
 
   # ** files
@@ -1085,7 +1041,7 @@ class ChannelEngine:
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     if not 0 < threads <= 1024 or 0 in launch.grid:
       raise GPUFault(XID_GR_EXCEPTION, f"a launch of grid {launch.grid} of blocks {launch.block}")
-    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes(),
+    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes(), GPUFault,
                          self.kernel.placed.get(launch.program_address))
     if found is None:
       raise GPUFault(XID_GR_EXCEPTION, f"no kernel the driver registered has its code at {launch.program_address:#x} "
