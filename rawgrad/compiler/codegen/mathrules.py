@@ -56,11 +56,15 @@ def _power_of_two(k: UOp) -> UOp:
 _EXP2_TAYLOR = [math.log(2) ** k / math.factorial(k) for k in range(14)]  # 2^f for |f| <= 1/2 to 2^-57
 
 
-def exp2_f64(x: UOp) -> UOp:
-  clamped = (x < -1100.0).where(_const(-1100.0), (x > 1100.0).where(_const(1100.0), x))
+def exp2_f64(x: UOp, narrow: bool = False) -> UOp:
+  """`narrow`: x came from float32 or narrower, so the result is rounded to 24 bits or fewer: 12 terms (to 2^-47)
+  and, as every such result is a normal double, one power of two."""
+  limit = 160.0 if narrow else 1100.0
+  clamped = (x < -limit).where(_const(-limit), (x > limit).where(_const(limit), x))
   n = _round_even(clamped)
   fraction = clamped - n
   k = n.cast(I64)
+  if narrow: return x.ne(x).where(x, _horner(fraction, _EXP2_TAYLOR[:12]) * _power_of_two(k))
   half = k >> 1  # floor(k/2): both factors stay normal numbers
   result = _horner(fraction, _EXP2_TAYLOR) * _power_of_two(half) * _power_of_two(k - half)
   return x.ne(x).where(x, result)
@@ -71,17 +75,20 @@ def exp2_f64(x: UOp) -> UOp:
 _ATANH_SERIES = [2 / ((2 * k + 1) * math.log(2)) for k in range(11)]  # 2/ln2 * atanh(s)/s as a series in s^2
 
 
-def log2_f64(x: UOp) -> UOp:
-  subnormal = x < 2.0 ** -1022
-  scaled = subnormal.where(x * 2.0 ** 54, x)
+def log2_f64(x: UOp, narrow: bool = False) -> UOp:
+  """`narrow`: x came from float32 or narrower, so it is never a subnormal double, and 10 terms (to 2^-50) do."""
+  scaled, shift = x, _const(0, I64)
+  if not narrow:   # float64 subnormals are scaled into the normal range first
+    subnormal = x < 2.0 ** -1022
+    scaled, shift = subnormal.where(x * 2.0 ** 54, x), subnormal.where(_const(54, I64), _const(0, I64))
   bits = scaled.bitcast(I64)
-  exponent = ((bits >> 52) & 0x7FF) - 1023 - subnormal.where(_const(54, I64), _const(0, I64))
+  exponent = ((bits >> 52) & 0x7FF) - 1023 - shift
   mantissa = ((bits & ((1 << 52) - 1)) | (1023 << 52)).bitcast(F64)  # in [1, 2)
   big = mantissa > math.sqrt(2)
   mantissa = big.where(mantissa * 0.5, mantissa)
   exponent = exponent + big.where(_const(1, I64), _const(0, I64))
   s = (mantissa - 1.0) / (mantissa + 1.0)
-  result = exponent.cast(F64) + s * _horner(s * s, _ATANH_SERIES)
+  result = exponent.cast(F64) + s * _horner(s * s, _ATANH_SERIES[:10] if narrow else _ATANH_SERIES)
   special = (x < 0.0).where(_const(math.nan), x.eq(0.0).where(_const(-math.inf), x))
   ordinary = (x > 0.0) & x.ne(math.inf)
   return ordinary.where(result, special)
@@ -171,7 +178,8 @@ def _cody_waite(magnitude: UOp) -> tuple[UOp, UOp]:
   return k.cast(I64), reduced * (2 / math.pi)
 
 
-def sin_f64(x: UOp) -> UOp:
+def sin_f64(x: UOp, narrow: bool = False) -> UOp:
+  """`narrow` changes nothing: float32 reaches 2^128, so the reduction needs every part even then."""
   magnitude = (x < 0.0).where(-x, x)
   small = magnitude < CODY_WAITE_LIMIT
   safe = small.where(_const(CODY_WAITE_LIMIT), magnitude)  # the integer path's operand stays finite and large
@@ -202,7 +210,7 @@ def _expand(node: UOp, native: frozenset[str]) -> UOp | None:
   if name in native or node.dtype.count != 1: return None
   source = node.src[0]
   wide = source if source.dtype == F64 else source.cast(F64)
-  result = function(wide)
+  result = function(wide, source.dtype != F64)
   return result if node.dtype == F64 else result.cast(node.dtype)
 
 
