@@ -33,7 +33,8 @@ def register_program(code: bytes, program_text: str, facts: Any) -> Placed:
   """Remember the linear program behind these code bytes; returns the code's digest and the entry."""
   digest = hashlib.sha256(code).digest()
   entry = RegisteredProgram(deserialize_program(program_text), len(code), facts)
-  with _lock: return digest, _programs.setdefault(digest, entry)
+  with _lock: _programs.setdefault(digest, entry)
+  return digest, entry   # this program, even where other code with the same bytes came first
 
 
 def find_program(read: Callable[[int], bytes], fault: type[Exception], placed: Placed | None = None

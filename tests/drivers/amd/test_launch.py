@@ -68,6 +68,14 @@ def test_a_dispatch_packet_is_what_the_queue_reads(amd: AMDDevice, fresh_device:
   assert header & 0xFF == 2 and header >> 8 & 1 and header >> 9 & 3 == 2 and header >> 11 & 3 == 2
 
 
+def test_kernels_with_the_same_code_run_their_own_programs(amd: AMDDevice) -> None:
+  # an add of 2 and of 4 elements can compile to the same machine code: the emulation must still run each launch's
+  # program (the one uploaded at the launched address), not the first registered with those bytes
+  for n in (2, 4, 8, 4, 2):
+    np.testing.assert_array_equal((Tensor(np.arange(n, dtype=np.float32), device="AMD") + 1).numpy(),
+                                  np.arange(n, dtype=np.float32) + 1)
+
+
 def test_profiled_kernels_carry_gpu_times(amd: AMDDevice) -> None:
   before = len(profile.events)
   with Context(PROFILE=1):

@@ -67,6 +67,14 @@ def test_tensor_programs_run_on_the_emulated_gpu(nv: NVDevice) -> None:
   np.testing.assert_allclose((Tensor(m, device="NV") @ Tensor(w, device="NV")).numpy(), m @ w, rtol=1e-5)
 
 
+def test_kernels_with_the_same_code_run_their_own_programs(nv: NVDevice) -> None:
+  # an add of 2 and of 4 elements can compile to the same machine code: the emulation must still run each launch's
+  # program (the one uploaded at the launched address), not the first registered with those bytes
+  for n in (2, 4, 8, 4, 2):
+    np.testing.assert_array_equal((Tensor(np.arange(n, dtype=np.float32), device="NV") + 1).numpy(),
+                                  np.arange(n, dtype=np.float32) + 1)
+
+
 def test_profiled_kernels_carry_gpu_times(nv: NVDevice) -> None:
   before = len(profile.events)
   with Context(PROFILE=1):
