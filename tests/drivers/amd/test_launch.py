@@ -83,6 +83,9 @@ def test_profiled_kernels_carry_gpu_times(amd: AMDDevice) -> None:
   events = [event for event in profile.events[before:] if event.device == "AMD"]
   del profile.events[before:]   # no trace file at exit
   assert events and all(0 < event.end_ns - event.start_ns < 10_000_000_000 for event in events)
+  trace = profile.trace_json(events)["traceEvents"]
+  assert [entry["name"] for entry in trace] == [event.name for event in events]
+  assert [entry["dur"] for entry in trace] == [(event.end_ns - event.start_ns) / 1e3 for event in events]
 
 
 def test_a_timed_launch_returns_ordered_host_times(amd: AMDDevice, fresh_device: AMDDevice) -> None:
