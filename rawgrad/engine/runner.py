@@ -16,7 +16,7 @@ from rawgrad.helpers import LRUCache
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device
 from rawgrad.runtime.hcq import COPY, HWQueue
-from rawgrad.runtime.interpreter import kernel_parameters
+from rawgrad.compiler.codegen.linearize import kernel_parameters
 
 COSTS_PER_RUNNER = 1024  # variable values whose cost a runner remembers; the least recently used go first
 

@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from rawgrad.compiler.codegen.linearize import kernel_parameters
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, PtrDType, dtypes
 
@@ -32,14 +33,6 @@ THREADS_PER_CHUNK = 1 << 16                 # threads run together at most
 
 class InterpreterError(RuntimeError):
   """The program does something a GPU could not do (divergent loop bounds, an unknown op, memory out of range)."""
-
-
-def kernel_parameters(program: list[UOp]) -> tuple[list[UOp], list[UOp]]:
-  """The buffers a program uses (in DEFINE_GLOBAL order) and its variables (by name): the order of the argument
-  block's 8-byte slots."""
-  params = sorted(dict.fromkeys(u for u in program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-  variables = sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-  return params, variables
 
 
 def numpy_dtype(dtype: DType) -> np.dtype:
@@ -395,4 +388,4 @@ def bitcast(value: Any, source: DType, target: DType) -> Any:
 
 
 
-__all__ = ["run_program", "kernel_parameters", "InterpreterError"]
+__all__ = ["run_program", "InterpreterError"]

@@ -173,6 +173,14 @@ def _is_zero(node: UOp) -> bool:
   return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
 
 
+def kernel_parameters(program: list[UOp]) -> tuple[list[UOp], list[UOp]]:
+  """The buffers a program uses (in DEFINE_GLOBAL order) and its variables (by name): the order of the argument
+  block's 8-byte slots."""
+  params = sorted(dict.fromkeys(u for u in program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+  variables = sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
+  return params, variables
+
+
 def is_staging(node: UOp) -> bool:
   """A staged copy into a local buffer: AFTER(local, copies) on a CPU, BARRIER(local, copies, arg="stage") on a GPU
   (see opt/kernel.py: stage_load, stage_shared)."""

@@ -11,6 +11,7 @@ import math
 import re
 import struct
 
+from rawgrad.compiler.codegen.linearize import kernel_parameters
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.program_text import program_comment
 from rawgrad.compiler.target import Target
@@ -133,10 +134,7 @@ class _FunctionWriter:
   def write_gpu(self) -> str:
     """One kernel function taking its 8-byte parameters: the buffers the program uses (in DEFINE_GLOBAL order, as
     global pointers), then its variables (sorted by name)."""
-    params = sorted(dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    variables = sorted({u for u in self.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-    for param in params: self.names[param] = f"%data{param.arg}"
-    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
+    params, variables = self.name_parameters()
     shared = self.shared_globals()
     for instruction in self.program: self.instruction(instruction)
     signature = [f"ptr addrspace(1) noalias {self.names[p]}" for p in params]
@@ -155,6 +153,12 @@ class _FunctionWriter:
     kernel = (f"define {convention} void @{self.name}({', '.join(signature)}) #0 {{\nentry:\n{body}\n"
               "  ret void\n}\n")
     return f"{header}\n{declarations}\n\n{kernel}\n{attributes}\n"
+
+  def name_parameters(self) -> tuple[list[UOp], list[UOp]]:
+    params, variables = kernel_parameters(self.program)
+    for param in params: self.names[param] = f"%data{param.arg}"
+    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
+    return params, variables
 
   def shared_globals(self) -> list[str]:
     """GPU shared memory (DEFINE_LOCAL) as addrspace(3) module globals; their contents start undefined."""
@@ -182,10 +186,7 @@ class _FunctionWriter:
     """The kernel body as an internal function with noalias parameters, and the entry point the runtime calls:
     `void name(ptr args, i64 core, i64 cores)`, where args holds 8-byte slots: the addresses of the buffers the
     program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name)."""
-    params = sorted(dict.fromkeys(u for u in self.program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
-    variables = sorted({u for u in self.program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-    for param in params: self.names[param] = f"%data{param.arg}"
-    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
+    params, variables = self.name_parameters()
     self.names.update({CORE: "%core", CORES: "%cores"})
     globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)

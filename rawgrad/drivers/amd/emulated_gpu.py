@@ -26,7 +26,8 @@ from rawgrad.autogen.amd import hsa
 from rawgrad.autogen.amd import kernel_descriptor as descriptors
 from rawgrad.drivers.amd import packets
 from rawgrad.drivers.emulated_programs import find_program
-from rawgrad.runtime.interpreter import InterpreterError, kernel_parameters, run_program
+from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.runtime.interpreter import InterpreterError, run_program
 
 WAIT_LIMIT_S = 60.0                  # a wait packet gives up (as a hang) after this; host waits time out sooner
 PUBLISH_WAIT_S = 1.0                 # how long a packet below the write index may stay INVALID

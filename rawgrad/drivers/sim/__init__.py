@@ -261,7 +261,7 @@ class SimDevice(HCQDevice):
 
   def run_kernel(self, address: int, kernargs: int, gx: int, gy: int, gz: int, lx: int, ly: int, lz: int) -> None:
     program = self.program_at(address)
-    from rawgrad.runtime.interpreter import kernel_parameters
+    from rawgrad.compiler.codegen.linearize import kernel_parameters
     params, variables = kernel_parameters(program)
     count = len(params) + len(variables)
     args = [int(w) for w in self.resolve(kernargs, 8 * max(count, 1)).view(np.uint64)[:count]]

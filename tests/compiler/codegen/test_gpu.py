@@ -20,7 +20,8 @@ from rawgrad.compiler.target import gpu_target, host_target, with_features
 from rawgrad.engine.realize import run_schedule
 from rawgrad.helpers import Context
 from rawgrad.runtime.device import buffer_for
-from rawgrad.runtime.interpreter import kernel_parameters, run_program
+from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.runtime.interpreter import run_program
 
 THREADS, BLOCK_REDUCE = OptOps.THREADS, OptOps.BLOCK_REDUCE
 

@@ -12,7 +12,7 @@ from rawgrad.compiler.render.llvmir import AMDGPURenderer, NVPTXRenderer, kernel
 from rawgrad.compiler.target import gpu_target
 from rawgrad.runtime.compile import CompileError, LLVMCompiler, PTXCompiler, find_ptxas, split_embedded_program
 from rawgrad.runtime.elf import load_amd_kernel
-from rawgrad.runtime.interpreter import kernel_parameters
+from rawgrad.compiler.codegen.linearize import kernel_parameters
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "tools"))
 from mnist import MnistCNN, make_train_step  # noqa: E402

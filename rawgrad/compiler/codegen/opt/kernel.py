@@ -292,6 +292,7 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
 # *** staging a load in a GPU block's shared memory ***
 
 def _staged_load(ast: UOp, opt: Opt) -> UOp:
+  """The one load of parameter `amount` a LOCAL stages (the load a staged copy makes is not one to stage again)."""
   loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
            and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
   copying = {node for staging in ast.toposort if is_staging(staging) for node in staging.toposort if node in loads}
@@ -354,14 +355,7 @@ def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   unrolled and the vector ranges, lanes last), then read them from there. A matmul's B panel becomes contiguous."""
   target = axes[opt.axis]
   if target in reduce_ranges(ast): raise OptError(f"{opt}: stage inside an output loop")
-  loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
-           and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
-  # the load a staged copy makes is not one to stage again
-  copying = {node for after in ast.toposort if after.op is Ops.AFTER for node in after.toposort if node in loads}
-  copying |= {node for barrier in ast.toposort if is_staging(barrier) for node in barrier.toposort if node in loads}
-  if copying: raise OptError(f"{opt}: parameter {opt.amount} is staged already")
-  if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
-  load = loads.pop()
+  load = _staged_load(ast, opt)
   used = {r for r in load.src[0].toposort if r.op is Ops.RANGE}
   ranges = all_ranges(ast)
   inside = [r for r in axes[opt.axis + 1:] if r in used]
