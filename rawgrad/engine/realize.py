@@ -6,7 +6,6 @@ DEBUG >= 2 or PROFILE each kernel is timed on the device (and waited for) and re
 from __future__ import annotations
 
 import sys
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from rawgrad.compiler.codegen.linearize import KernelCost
@@ -17,7 +16,7 @@ from rawgrad.dtype import dtypes
 from rawgrad.engine.jit import CapturedCopy, CapturedKernel, capturing
 from rawgrad.engine.runner import CompiledRunner, build_runner, copy_buffer
 from rawgrad.engine.search import searched_opts
-from rawgrad.helpers import DEBUG, PROFILE, GlobalCounters
+from rawgrad.helpers import DEBUG, PROFILE, GlobalCounters, LRUCache
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
 from rawgrad.runtime.memory import plan_arena
@@ -26,13 +25,7 @@ from rawgrad.runtime.profile import KernelEvent, record_kernel
 RUNNER_CACHE_SIZE = 4096  # compiled kernels kept loaded; the least recently used go first
 
 
-_runners: OrderedDict[tuple[str, UOp], CompiledRunner] = OrderedDict()
-
-
-def _remember(key: tuple[str, UOp], runner: CompiledRunner) -> CompiledRunner:
-  _runners[key] = runner
-  if len(_runners) > RUNNER_CACHE_SIZE: _runners.popitem(last=False)
-  return runner
+_runners: LRUCache[tuple[str, UOp], CompiledRunner] = LRUCache(RUNNER_CACHE_SIZE)
 
 
 def get_runner(device: str, ast: UOp) -> CompiledRunner:
@@ -83,12 +76,10 @@ class KernelCompiler:
 
   def runner(self, device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)
-    if key in _runners:
-      _runners.move_to_end(key)
-      return _runners[key]
+    if (runner := _runners.get(key)) is not None: return runner
     self.start(device, ast)
-    lowered, _, lib = self.compiling.pop(key)
-    return _remember(key, build_runner(device, ast, lowered, lib.result()))
+    lowered, source, lib = self.compiling.pop(key)
+    return _runners.put(key, build_runner(device, ast, lowered, source, lib.result()))
 
 
 def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = None, timed: bool | None = None) -> None:

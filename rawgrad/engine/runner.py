@@ -62,10 +62,12 @@ class CompiledRunner:
     return Device[self.device].launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
 
 
-def build_runner(device: str, ast: UOp, lowered: LoweredKernel, lib: bytes | None = None) -> CompiledRunner:
-  """Render, compile (through the disk cache) and load a lowered kernel: the one path every kernel takes."""
+def build_runner(device: str, ast: UOp, lowered: LoweredKernel, source: str | None = None,
+                 lib: bytes | None = None) -> CompiledRunner:
+  """Render (unless given the source), compile (through the disk cache, unless given the machine code) and load a
+  lowered kernel: the one path every kernel takes."""
   compiled = Device[device]
-  source = compiled.renderer.render(ast.arg, lowered.program)
+  if source is None: source = compiled.renderer.render(ast.arg, lowered.program)
   if lib is None: lib = compile_cached(compiled.compiler, source)
   params, variables = kernel_parameters(lowered.program)
   kernel = compiled.program_class(compiled, kernel_symbol(ast.arg), lib)

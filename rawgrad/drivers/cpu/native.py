@@ -893,14 +893,14 @@ class Signal:
     """Stores value (and the time) like a SIGNAL command, waking any WAIT sleeping on this signal."""
     native_store_signal(self.address, value)
 
+  def __repr__(self) -> str:
+    return f"Signal({self.name!r}, value={self.value}, address={self.address:#x})"
+
 
 def native_store_signal(address: int, value: int) -> None:
   """Store a signal's value (and the time) at `address` like a SIGNAL command, waking any WAIT sleeping on it."""
   code = _native_code()
   code.store_signal(address, _word(value, "signal value"), code.signal_sleepers_address)
-
-  def __repr__(self) -> str:
-    return f"Signal({self.name!r}, value={self.value}, address={self.address:#x})"
 
 
 # *** command buffers

@@ -45,7 +45,7 @@ def program(device: AMDDevice) -> tuple[AMDProgram, int]:
   count."""
   from rawgrad.engine.realize import _runners
   (Tensor(np.ones(64, np.float32), device="AMD") + Tensor(np.ones(64, np.float32), device="AMD")).numpy()
-  runner = next(r for (name, _), r in reversed(_runners.items()) if name == "AMD")
+  runner = next(r for (name, _), r in reversed(_runners.entries.items()) if name == "AMD")
   loaded = AMDProgram(device, kernel_symbol(runner.name), device.compiler.compile(runner.source))
   return loaded, len(runner.buffer_slots) + len(runner.variables)
 
@@ -103,7 +103,7 @@ def test_gfx942_is_picked_by_amd_arch(monkeypatch: pytest.MonkeyPatch) -> None:
   x = np.arange(-500, 500, dtype=np.float32)
   np.testing.assert_allclose((Tensor(x, device="AMD:0").relu() * 2).sum().numpy(), 2 * np.maximum(x, 0).sum())
   from rawgrad.engine.realize import _runners
-  kernel = next(r for (name, _), r in reversed(_runners.items()) if name == "AMD:0").kernel.kernel
+  kernel = next(r for (name, _), r in reversed(_runners.entries.items()) if name == "AMD:0").kernel.kernel
   assert not kernel.properties & descriptors.KERNEL_CODE_PROPERTY_ENABLE_WAVEFRONT_SIZE32   # wave64 code
 
 

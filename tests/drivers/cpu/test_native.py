@@ -387,6 +387,7 @@ def test_prebuilt_buffer_patched_between_runs(runtime: NativeRuntime, kernels: d
     runtime.wait_signal(signal, value, TIMEOUT)
   for out in outs:
     np.testing.assert_array_equal(out, a + b)
+  assert repr(signal) == f"Signal('timeline', value=3, address={signal.address:#x})"
 
 
 # *** hangs and faults

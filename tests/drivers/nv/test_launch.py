@@ -89,7 +89,7 @@ def _program(device: NVDevice) -> tuple[NVProgram, int]:
   from rawgrad.engine.realize import _runners
   Device["NV"]
   (Tensor(np.ones(64, np.float32), device="NV") + Tensor(np.ones(64, np.float32), device="NV")).numpy()
-  runner = next(r for (name, _), r in reversed(_runners.items()) if name == "NV")
+  runner = next(r for (name, _), r in reversed(_runners.entries.items()) if name == "NV")
   program = NVProgram(device, kernel_symbol(runner.name), device.compiler.compile(runner.source))
   return program, len(program.facts.parameters)
 
