@@ -81,7 +81,6 @@ class _DeviceRegistry:
     if name not in self._opened:
       module = importlib.import_module(self._drivers[name.split(":")[0]])
       device = module.open_device(name)
-      device.allocator.device = device
       self._opened[name] = device
     return self._opened[name]
 

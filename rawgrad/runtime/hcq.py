@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rawgrad.compiler.target import Target
+from rawgrad.helpers import round_up
 
 COMPUTE, COPY = "compute", "copy"
 KERNARGS_BYTES = 8 << 20      # argument blocks of the kernels in flight
@@ -148,12 +149,11 @@ class HostRing:
     self.device, self.name = device, name
     self.memory = device.host_memory(nbytes)
     self.offset = 0
-    self.wrapped_at = 0  # the timeline value to wait for before reusing the start of the ring
 
   def alloc(self, nbytes: int, alignment: int = 64) -> DeviceMemory:
     if nbytes > self.memory.nbytes:
       raise ValueError(f"{nbytes} bytes do not fit in the {self.name} ring of {self.memory.nbytes} bytes")
-    start = -(-self.offset // alignment) * alignment
+    start = round_up(self.offset, alignment)
     if start + nbytes > self.memory.nbytes:
       self.device.timeline_signal.wait(self.device.timeline_value)
       start = 0
@@ -177,6 +177,7 @@ class HCQDevice:
 
   def __init__(self, name: str, target: Target, allocator: Any, compiler: Any, renderer: Any, program_class: Any):
     self.name, self.target, self.allocator, self.compiler, self.renderer = name, target, allocator, compiler, renderer
+    allocator.device = self   # its frees wait for this device's work
     self.program_class = program_class
     self.timeline_value = 0
     self.last_engine: str | None = None

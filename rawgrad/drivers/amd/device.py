@@ -39,6 +39,7 @@ from rawgrad.drivers.amd.kfd import EVENT_PAGE_BYTES, KFD, Events, GPUNode, gpu_
 from rawgrad.drivers.amd.memory import Allocation, GPUMemory
 from rawgrad.drivers.amd.queues import AQLQueue, Doorbells, SDMAQueue, queue_error_text
 from rawgrad.drivers.os import KernelInterface, kernel_interface
+from rawgrad.helpers import round_up
 from rawgrad.runtime.compile import LLVMCompiler, append_program, embedded_program_text, split_embedded_program
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.elf import AMDKernel, load_amd_kernel
@@ -104,12 +105,8 @@ def check_kernel(kernel: AMDKernel, target: Target) -> None:
 class AMDAllocator(Allocator):
   """Buffers in VRAM, one KFD buffer object each; the base Allocator caches freed ones for reuse."""
 
-  def __init__(self, device: AMDDevice):
-    super().__init__()
-    self.owner = device
-
   def _alloc(self, nbytes: int) -> DeviceMemory:
-    return self.owner.vram_memory(nbytes)
+    return self.device.vram_memory(nbytes)
 
   def _free(self, memory: DeviceMemory, nbytes: int) -> None:
     del memory   # the allocation's finalizer frees it once the device is done
@@ -196,7 +193,7 @@ class AMDDevice(HCQDevice):
     self.last_exception_check = 0.0
     target = gpu_target(self.arch)
     embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the code object
-    super().__init__(name, target, AMDAllocator(self), AMDCompiler(target, embed_program=embed),
+    super().__init__(name, target, AMDAllocator(), AMDCompiler(target, embed_program=embed),
                      AMDGPURenderer(target, embed_program=embed), AMDProgram)
     self.indirect_buffers = HostRing(self, INDIRECT_BUFFER_RING_BYTES, "PM4 indirect buffer")
     for engine in (COMPUTE, COPY): self.submit(HWQueue(), engine)
@@ -264,9 +261,9 @@ class AMDDevice(HCQDevice):
     slot the CUs have for scratch (max_slots_scratch_cu), each lane of a wave64 (the CP sizes by wave64 lanes).
     Changing it waits for the queue, so no dispatch in flight uses the old memory."""
     if bytes_per_item <= self.scratch_lane_bytes: return
-    lane_bytes = -(-bytes_per_item // 16) * 16
+    lane_bytes = round_up(bytes_per_item, 16)
     waves = self.node.compute_units // self.node.xcc_count * self.node["max_slots_scratch_cu"]
-    wave_bytes = -(-lane_bytes * 64 // self.family.scratch_granule) * self.family.scratch_granule
+    wave_bytes = round_up(lane_bytes * 64, self.family.scratch_granule)
     tmpring = packets.tmpring_size(self.family, waves, wave_bytes)
     scratch = self.vram_memory(wave_bytes * waves * self.node.xcc_count)
     if getattr(self, "timeline_signal", None) is not None: self.synchronize()

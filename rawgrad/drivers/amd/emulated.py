@@ -41,6 +41,7 @@ from rawgrad.drivers.amd.emulated_gpu import AQLEngine, MemoryFault, SDMAEngine,
 from rawgrad.drivers.emulated_programs import Placed, register_program
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE,
                                 KernelInterface, RealKernel, host_view, ioc_number, ioc_size)
+from rawgrad.helpers import round_up
 
 # *** the emulated chips ***
 
@@ -130,9 +131,9 @@ def context_save_bytes(chip: Chip) -> tuple[int, int]:
   cu_count = chip.compute_units // chip.xcc_count
   gfx9 = chip.gfx_target_version < 100000
   waves = min(cu_count * 40, chip.array_count // chip.simd_arrays_per_engine * 512) if gfx9 else cu_count * 32
-  control = -(-(40 + waves * (8 if gfx9 else 12) + 8) // PAGE) * PAGE
+  control = round_up(40 + waves * (8 if gfx9 else 12) + 8, PAGE)
   per_cu = VGPR_BYTES_PER_CU[chip.arch] + 0x4000 + (chip.lds_kb << 10) + 0x1000
-  return control + -(-(cu_count * per_cu) // PAGE) * PAGE, control
+  return control + round_up(cu_count * per_cu, PAGE), control
 
 
 # *** memory ***
@@ -390,7 +391,7 @@ class EmulatedKernel(KernelInterface):
     kind = kinds.get(args.flags & 0x1F)
     if kind is None:
       raise OSError(errno.EINVAL, f"flags {args.flags:#x}: the emulated KFD allocates VRAM or GTT (one of them)")
-    size = -(-args.size // PAGE) * PAGE
+    size = round_up(args.size, PAGE)
     if args.va_addr % PAGE or not GPUVM_BASE <= args.va_addr <= GPUVM_LIMIT - size + 1:
       raise OSError(errno.EINVAL, f"va_addr {args.va_addr:#x} is not a page-aligned address in the GPUVM aperture")
     with self.lock:

@@ -19,6 +19,7 @@ from rawgrad.autogen.amd import kfd
 from rawgrad.drivers.amd.kfd import KFD, GPUNode
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED, PROT_NONE, PROT_READ,
                                 PROT_WRITE, KernelInterface, host_view)
+from rawgrad.helpers import round_up
 
 PAGE = 4096
 HUGE_PAGE = 2 << 20
@@ -29,9 +30,6 @@ GTT_FLAGS = (kfd.KFD_IOC_ALLOC_MEM_FLAGS_GTT | kfd.KFD_IOC_ALLOC_MEM_FLAGS_WRITA
              | kfd.KFD_IOC_ALLOC_MEM_FLAGS_EXECUTABLE | kfd.KFD_IOC_ALLOC_MEM_FLAGS_NO_SUBSTITUTE
              | kfd.KFD_IOC_ALLOC_MEM_FLAGS_COHERENT)
 
-
-def round_up(value: int, multiple: int) -> int:
-  return -(-value // multiple) * multiple
 
 
 @dataclass

@@ -21,8 +21,9 @@ import numpy as np
 from rawgrad.autogen.amd import hsa, kfd
 from rawgrad.drivers.amd import packets
 from rawgrad.drivers.amd.kfd import KFD, GPUNode
-from rawgrad.drivers.amd.memory import PAGE, Allocation, GPUMemory, round_up
+from rawgrad.drivers.amd.memory import PAGE, Allocation, GPUMemory
 from rawgrad.drivers.os import MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface
+from rawgrad.helpers import round_up
 
 AQL_RING_PACKETS = 4096
 SDMA_RING_BYTES = 1 << 20

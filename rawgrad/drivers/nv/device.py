@@ -24,11 +24,12 @@ from rawgrad.drivers.nv.channel import (SUBCHANNEL_COMPUTE, SUBCHANNEL_COPY, Cha
                                         xid_name)
 from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
 from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
-from rawgrad.drivers.nv.memory import Block, SlabHeap, round_up
+from rawgrad.drivers.nv.memory import Block, SlabHeap
 from rawgrad.drivers.nv.rm import RMError
 from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants, qmd_format, set_field,
                                     stack_bytes)
 from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
+from rawgrad.helpers import round_up
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \

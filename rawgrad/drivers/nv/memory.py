@@ -25,6 +25,7 @@ from rawgrad.drivers.nv.rm import UVM, RMClient
 from rawgrad.drivers.nv.rm import field as bits
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_FIXED_NOREPLACE, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED,
                                 PROT_NONE, PROT_READ, PROT_WRITE, KernelInterface, host_view)
+from rawgrad.helpers import round_up
 
 PAGE = 4096
 HUGE_PAGE = 2 << 20
@@ -34,9 +35,6 @@ SLAB_BYTES = 2 << 20
 _recycled_arenas: list[int] = []    # bases of arenas closed devices gave back
 SUBALLOCATION_ALIGNMENT = 256       # QMDs and constant banks need 256 bytes on Ampere; buffers like it too
 
-
-def round_up(value: int, multiple: int) -> int:
-  return -(-value // multiple) * multiple
 
 
 class VirtualArena:

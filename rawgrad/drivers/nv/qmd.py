@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from rawgrad.autogen.nv import nv_classes as classes
 from rawgrad.autogen.nv import nv_qmd as layouts
 from rawgrad.drivers.nv.cubin import KernelFacts
+from rawgrad.helpers import round_up
 
 QMD_ALIGNMENT = 256              # SEND_PCAS_A takes the address >> 8
 CONSTANT_BANK_ALIGNMENT = 256    # V04 takes address >> 6; V03's unshifted field is kept at 256 to be safe
@@ -72,9 +73,6 @@ class Launch:
   def constant_bank_bytes(self) -> int:
     return round_up(self.facts.parameter_base + self.facts.parameter_bytes, 16)
 
-
-def round_up(value: int, multiple: int) -> int:
-  return -(-value // multiple) * multiple
 
 
 # *** bit fields over a QMD ***

@@ -38,6 +38,7 @@ from rawgrad.compiler.target import Target, gpu_target
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
 from rawgrad.compiler.program_text import deserialize_program, serialize_program
+from rawgrad.helpers import round_up
 from rawgrad.runtime.interpreter import InterpreterError, run_program
 
 EXEC, SIGNAL, WAIT, TIMESTAMP, COPY, BARRIER = 1, 2, 3, 4, 5, 6
@@ -82,7 +83,7 @@ class _Arena:
     self.free: list[tuple[int, int]] = [(0, nbytes)]  # (offset, size), sorted by offset
 
   def alloc(self, nbytes: int) -> int:
-    size = -(-max(nbytes, 1) // ARENA_ALIGNMENT) * ARENA_ALIGNMENT
+    size = round_up(max(nbytes, 1), ARENA_ALIGNMENT)
     for i, (offset, free) in enumerate(self.free):
       if free >= size:
         self.free[i:i + 1] = [(offset + size, free - size)] if free > size else []
@@ -91,7 +92,7 @@ class _Arena:
                       "(set SIM_MEMORY_MB for more)")
 
   def release(self, offset: int, nbytes: int) -> None:
-    size = -(-max(nbytes, 1) // ARENA_ALIGNMENT) * ARENA_ALIGNMENT
+    size = round_up(max(nbytes, 1), ARENA_ALIGNMENT)
     i = bisect.bisect(self.free, (offset, 0))
     self.free.insert(i, (offset, size))
     if i + 1 < len(self.free) and offset + size == self.free[i + 1][0]:
