@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,3 @@ def _cache_sizes() -> tuple[int, int]:
     pass
   return sizes[1], sizes[2]
 
-
-def with_features(target: Target, **changes: object) -> Target:
-  """A copy of the target with some numbers changed (tests and benchmarks)."""
-  return replace(target, **changes)

@@ -1,6 +1,7 @@
 """GPU lowering: THREADS and BLOCK_REDUCE, grid mapping, the GPU heuristics, and GPU programs run by the interpreter
 against numpy (on random shapes, including sizes the block does not divide)."""
 import ctypes
+import dataclasses
 
 import numpy as np
 import pytest
@@ -16,7 +17,7 @@ from rawgrad.compiler.ir import Ops
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.spec import SpecError
 from rawgrad.compiler.symbolic import evaluate
-from rawgrad.compiler.target import gpu_target, host_target, with_features
+from rawgrad.compiler.target import gpu_target, host_target
 from rawgrad.engine.realize import run_schedule
 from rawgrad.helpers import Context
 from rawgrad.runtime.device import buffer_for
@@ -112,8 +113,8 @@ def test_heuristics_follow_each_targets_numbers() -> None:
   """The same matmul: vector widths and register files decide the CPU opts, warp sizes the GPU ones."""
   ast = last_item(Tensor(rand(256, 256)) @ Tensor(rand(256, 256, seed=1))).ast
   base = host_target()
-  avx512 = with_features(base, vector_bytes=64, vector_registers=32)
-  avx2 = with_features(base, vector_bytes=32, vector_registers=16)
+  avx512 = dataclasses.replace(base, vector_bytes=64, vector_registers=32)
+  avx2 = dataclasses.replace(base, vector_bytes=32, vector_registers=16)
   choices = {name: hand_coded_opts(ast, target) for name, target in
              {"avx512": avx512, "avx2": avx2, "sm_90": gpu_target("sm_90"), "gfx942": gpu_target("gfx942")}.items()}
   upcast = {name: next(o.amount for o in opts if o.op is OptOps.UPCAST) for name, opts in choices.items()

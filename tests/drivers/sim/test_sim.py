@@ -5,6 +5,7 @@ import pytest
 
 from rawgrad import Tensor, jit
 from rawgrad.drivers.sim import ARENA_BASE, EXEC, SimDevice
+from rawgrad.drivers.sim import WAIT as sim_wait
 from rawgrad.runtime import hcq
 from rawgrad.runtime.device import Buffer, Device
 from rawgrad.runtime.hcq import COMPUTE, COPY, DeviceFault, HWQueue
@@ -34,15 +35,22 @@ def test_large_copies_go_through_the_staging_ring_in_chunks(sim: SimDevice, monk
   np.testing.assert_array_equal(out, data)
 
 
-def test_engines_are_ordered_by_the_timeline(sim: SimDevice) -> None:
-  """A submission on the copy engine after one on the compute engine first waits for it (and back)."""
-  start = sim.timeline_value
-  sim.submit(HWQueue(), COMPUTE)
-  encoded = sim.encode(HWQueue().copy(0, 0, 0), COPY)
-  sim.submit(HWQueue().copy(0, 0, 0), COPY)
+def test_engines_are_ordered_by_the_timeline(sim: SimDevice, monkeypatch: pytest.MonkeyPatch) -> None:
+  """A submission on the copy engine after one on the compute engine first waits for it (and back); one on the same
+  engine does not (the engine runs its queue in order)."""
+  submitted: list[tuple[list[int], str]] = []
+  real_submit = sim._submit
+  monkeypatch.setattr(sim, "_submit", lambda words, engine: (submitted.append((words.tolist(), engine)),
+                                                              real_submit(words, engine)))
   sim.synchronize()
-  assert sim.timeline_signal.value == start + 2
-  assert int(encoded[0]) != 3  # the queue itself carries no wait: submit adds it when the engine changes
+  start, timeline = sim.timeline_value, sim.timeline_signal.address
+  for engine in (COMPUTE, COMPUTE, COPY, COMPUTE): sim.submit(HWQueue(), engine)
+  sim.synchronize()
+  assert sim.timeline_signal.value == start + 4
+  starts = [words[:3] for words, _ in submitted]
+  assert starts[2] == [sim_wait, timeline, start + 2] and starts[3] == [sim_wait, timeline, start + 3]
+  assert starts[1][0] != sim_wait   # compute after compute
+  assert [engine for _, engine in submitted] == [COMPUTE, COMPUTE, COPY, COMPUTE]
 
 
 def test_a_bad_program_address_faults_and_raises(sim: SimDevice) -> None:
