@@ -38,7 +38,7 @@ import numpy as np
 
 from rawgrad.autogen.amd import kfd
 from rawgrad.drivers.amd.emulated_gpu import AQLEngine, MemoryFault, SDMAEngine, gpu_clock
-from rawgrad.drivers.emulated_programs import Placed, register_program
+from rawgrad.drivers.emulated_programs import PlacedPrograms
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_PRIVATE, MAP_SHARED, PROT_READ, PROT_WRITE,
                                 KernelInterface, RealKernel, host_view, ioc_number, ioc_size)
 from rawgrad.helpers import round_up
@@ -232,7 +232,7 @@ class EmulatedKernel(KernelInterface):
     self.lock = threading.RLock()
     self.event_change = threading.Condition()
     self.faults: list[str] = []     # what each fault was, in the emulator's words (for tests and debugging)
-    self.placed: dict[int, Placed] = {}   # GPU address -> the code the driver put there
+    self.programs = PlacedPrograms()
     self.handlers = self._handlers()
 
   # ** files and sysfs
@@ -306,7 +306,7 @@ class EmulatedKernel(KernelInterface):
         if queue is not None: queue.ring(value)
 
   def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
-    self.placed[address] = register_program(code, program_text, facts)
+    self.programs.register(address, code, program_text, facts)
 
   # ** ioctl
 

@@ -25,7 +25,6 @@ import numpy as np
 from rawgrad.autogen.amd import hsa
 from rawgrad.autogen.amd import kernel_descriptor as descriptors
 from rawgrad.drivers.amd import packets
-from rawgrad.drivers.emulated_programs import find_program
 from rawgrad.compiler.codegen.linearize import kernel_parameters
 from rawgrad.runtime.interpreter import InterpreterError, run_program
 
@@ -223,8 +222,8 @@ class AQLEngine(QueueEngine):
     workgroup, grid = self.launch_sizes(packet)
     descriptor = self.kernel_descriptor(packet)
     code_address = packet.kernel_object + descriptor.kernel_code_entry_byte_offset
-    found = find_program(lambda n: self.memory(code_address, n, "instruction fetch").tobytes(), MemoryFault,
-                         self.kernel.placed.get(code_address))
+    read = lambda n: self.memory(code_address, n, "instruction fetch").tobytes()  # noqa: E731
+    found = self.kernel.programs.find(code_address, read, MemoryFault)
     if found is None:
       raise QueueError(INVALID_CODE, f"no program is registered for the code at {code_address:#x} (kernel object "
                                      f"{packet.kernel_object:#x}): was the code object uploaded by the driver?")

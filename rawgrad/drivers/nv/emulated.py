@@ -19,9 +19,8 @@ reads GPPut from USERD, decodes GPFIFO entries and pushbuffer methods from memor
 and compute launches. A launch reads the QMD, checks it (version, sizes, constant bank 0 as the driver must fill it)
 and runs the kernel with the GPU program interpreter: the machine code cannot run here, so the program is found from
 the code bytes at the QMD's program address, registered by the driver when it loaded the kernel (the compiler
-carries the linear program after the cubin): by where the driver placed them, checked against their SHA-256, else by
-the SHA-256 alone. (The hash alone is ambiguous: kernels that differ only in their buffers' sizes, such as an add of 2
-and one of 4 elements without bounds checks, assemble to the same machine code.)
+carries the linear program after the cubin), by where the driver placed them, checked against their SHA-256 (see
+../emulated_programs.py).
 
 A fault (a bad method, an unaligned semaphore, a bad QMD, an access to unmapped memory) stops the channel group and
 writes the error notifier as RM does after a robust-channel error; the details go to the log and to
@@ -45,7 +44,7 @@ from rawgrad.autogen.nv import nv_classes as classes
 from rawgrad.autogen.nv import nv_qmd as layouts
 from rawgrad.autogen.nv import nv_rm as rm
 from rawgrad.autogen.nv import nv_uvm as uvm
-from rawgrad.drivers.emulated_programs import Placed, find_program, register_program
+from rawgrad.drivers.emulated_programs import PlacedPrograms
 from rawgrad.drivers.os import (MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface, RealKernel, host_view, ioc_number,
                                 ioc_size)
 from rawgrad.runtime.interpreter import InterpreterError, run_program
@@ -229,7 +228,7 @@ class EmulatedKernel(KernelInterface):
     self.channels: dict[int, ChannelEngine] = {}       # work-submit token -> channel
     self.video_bytes = 0
     self.faults: list[str] = []
-    self.placed: dict[int, Placed] = {}   # GPU address -> the code the driver put there
+    self.programs = PlacedPrograms()
     self.lock = threading.RLock()
 
   # ** files
@@ -294,7 +293,7 @@ class EmulatedKernel(KernelInterface):
         self._doorbell(value)
 
   def register_program(self, address: int, code: bytes, program_text: str, facts: object) -> None:
-    self.placed[address] = register_program(code, program_text, facts)
+    self.programs.register(address, code, program_text, facts)
 
   # ** ioctl
 
@@ -1041,8 +1040,8 @@ class ChannelEngine:
     threads = launch.block[0] * launch.block[1] * launch.block[2]
     if not 0 < threads <= 1024 or 0 in launch.grid:
       raise GPUFault(XID_GR_EXCEPTION, f"a launch of grid {launch.grid} of blocks {launch.block}")
-    found = find_program(lambda n: self.memory(launch.program_address, n).tobytes(), GPUFault,
-                         self.kernel.placed.get(launch.program_address))
+    address = launch.program_address
+    found = self.kernel.programs.find(address, lambda n: self.memory(address, n).tobytes(), GPUFault)
     if found is None:
       raise GPUFault(XID_GR_EXCEPTION, f"no kernel the driver registered has its code at {launch.program_address:#x} "
                                        "(an illegal instruction on hardware)")
