@@ -36,8 +36,6 @@ from rawgrad.drivers.os import emulating, kernel_interface  # noqa: E402
 
 WAIT_S = 10.0            # every GPU wait
 RUNG_S = 120.0           # a whole rung, bring-up included (the first open may boot the GPU's firmware)
-# (QMD_TYPE, SEND_SIGNALING_PCAS2_B action): the driver's choice first, then what the other public users do
-LAUNCH_VARIANTS = ((2, 0x3), (0, 0x3), (2, 0xA), (0, 0xA))
 ADD_PTX = """.version 8.0
 .target {arch}
 .address_size 64
@@ -199,26 +197,11 @@ class Ladder:
     return {"elements": n, "seconds_with_compile": round(seconds, 3)}
 
   def ptx_add(self) -> dict[str, Any]:
-    """a + b from hand-written PTX: the launch path without the compiler. QMD settings the headers leave open are
-    tried in turn (each on a fresh device, as a fault ends a channel); the one that works stays set for rung 5."""
-    from rawgrad.drivers.nv import device as nv_device
-    from rawgrad.drivers.nv import qmd
+    """a + b from hand-written PTX: the launch path without the compiler."""
+    from rawgrad.drivers.nv.device import NVDevice
     if emulating(): return {"skipped": "the emulation runs registered programs, not hand-written machine code"}
-    attempts = []
-    for qmd_type, action in LAUNCH_VARIANTS:
-      qmd.HOPPER_QMD_TYPE, nv_device.PCAS_ACTION = qmd_type, action
-      attempt: dict[str, Any] = {"qmd_type": qmd_type, "pcas_action": action}
-      try:
-        if self.device is None or self.device.fault is not None: self.device = nv_device.NVDevice("NV", self.kernel)
-        attempt.update(self._launch_ptx_add(self.device))
-        attempts.append(attempt)
-        return {"attempts": attempts}
-      except Exception as error:  # noqa: BLE001 - the next variant gets its chance; all are reported
-        attempt["error"] = f"{type(error).__name__}: {error}"
-        attempts.append(attempt)
-        print(f"  launch with QMD_TYPE {qmd_type}, PCAS action {action:#x} failed: {attempt['error']}", flush=True)
-        self._drop_device()
-    raise AssertionError(f"no launch variant worked: {json.dumps(attempts)}")
+    if self.device is None or self.device.fault is not None: self.device = NVDevice("NV", self.kernel)
+    return self._launch_ptx_add(self.device)
 
   def _launch_ptx_add(self, device: Any) -> dict[str, Any]:
     from rawgrad.drivers.nv.device import NVProgram
@@ -236,14 +219,6 @@ class Ladder:
     device.copyout(memoryview(out.view(np.uint8)), memories[0])
     if not np.array_equal(out, a + b): raise AssertionError(f"{int(np.count_nonzero(out != a + b))} of {n} sums wrong")
     return {"elements": n, "registers": program.facts.registers, "kernel_us": round((end - start) / 1e3, 2)}
-
-  def _drop_device(self) -> None:
-    if self.device is None: return
-    try:
-      self.device.close(timeout_s=1.0)
-    except Exception:  # noqa: BLE001 - it failed already; its error is recorded
-      pass
-    self.device = None
 
   def tensor_suite(self) -> dict[str, Any]:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -13,7 +13,7 @@ written into a ring at submit instead.)
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,8 +26,7 @@ from rawgrad.drivers.nv.cubin import KernelFacts, read_kernel
 from rawgrad.drivers.nv.gpu import NVGPU, GPUInfo
 from rawgrad.drivers.nv.memory import Block, SlabHeap
 from rawgrad.drivers.nv.rm import RMError
-from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants, qmd_format, set_field,
-                                    stack_bytes)
+from rawgrad.drivers.nv.qmd import (QMD_ALIGNMENT, Launch, build_qmd, driver_constants, qmd_format, stack_bytes)
 from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
 from rawgrad.helpers import round_up
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
@@ -36,7 +35,6 @@ from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, Device
   HostRing, HWQueue
 
 PUSHBUFFER_BYTES = 4 << 20
-LAUNCH_RING_BYTES = 16 << 20
 QMD_SLOT_BYTES = 512              # a QMD (384 bytes on Hopper), then constant bank 0 at the next 256-byte boundary
 CODE_PREFETCH_BYTES = 4096        # instruction prefetch reads past a kernel's end: keep it mapped
 COPY_CHUNK_BYTES = 1 << 31        # LINE_LENGTH_IN is 32 bits
@@ -45,7 +43,7 @@ SETUP_TIMEOUT_S = 10.0
 # allocation (our arena is below 2^40)
 SHARED_WINDOW, LOCAL_WINDOW = 0x7000_0000_0000, 0x7001_0000_0000
 # how SEND_SIGNALING_PCAS2_B starts a launch: an INVALIDATE variant, as QMD memory is reused (NVK uses this one,
-# libcuda on an H100 INVALIDATE_PREFETCH_COPY_SCHEDULE; tools/nv_ladder.py tries both)
+# libcuda on an H100 INVALIDATE_PREFETCH_COPY_SCHEDULE; this one runs on the H100, docs/hardware.md)
 PCAS_ACTION = classes.NVCBC0_SEND_SIGNALING_PCAS2_B_PCAS_ACTION_INVALIDATE_COPY_SCHEDULE
 
 
@@ -61,16 +59,13 @@ def copy_method(name: str) -> int:
 # *** programs ***
 
 class NVProgram:
-  """A kernel uploaded to video memory: its code (the cubin's .text), the facts its launches need, and where each
-  8-byte argument slot goes in constant bank 0."""
+  """A kernel uploaded to video memory: its code (the cubin's .text) and the facts its launches need."""
 
   def __init__(self, device: NVDevice, name: str, lib: bytes):
     cubin, program_text = split_embedded_program(lib)
     self.device, self.name = device, name
     self.facts: KernelFacts = read_kernel(cubin, name)
-    self.source_slots, self.bank_offsets = argument_gather(self.facts)
-    # parameter n in 8 bytes at 8*n: constant bank 0 can be the argument block itself
-    self.slots_in_place = all(p.size == 8 and p.offset == 8 * p.ordinal for p in self.facts.parameters)
+    check_argument_layout(self.facts, device.parameter_base)
     code = self.facts.code
     self.memory = device.video_heap.alloc(len(code) + CODE_PREFETCH_BYTES)
     device.copyin(DeviceMemory(self.memory.address, len(code), None, self.memory), memoryview(code))
@@ -83,38 +78,25 @@ class NVProgram:
     return f"<NVProgram {self.name} at {self.address:#x}, {self.facts.registers} registers>"
 
 
-def argument_gather(facts: KernelFacts) -> tuple[np.ndarray, np.ndarray]:
-  """Byte indices: constant bank byte bank_offsets[i] takes argument block byte source_slots[i] (parameter n is
-  slot n: the low bytes of its 8)."""
-  sources, targets = [], []
+def check_argument_layout(facts: KernelFacts, parameter_base: int) -> None:
+  """A launch's constant bank 0 is the driver's constants followed by the argument block itself, so parameter n must
+  be the 8 bytes at 8*n after the chip's parameter base (as the NVPTX renderer lays them out)."""
+  if facts.parameter_base != parameter_base:
+    raise ValueError(f"kernel {facts.name}: parameters start at {facts.parameter_base:#x} of constant bank 0; "
+                     f"this GPU's driver constants end at {parameter_base:#x}")
   for parameter in facts.parameters:
-    if parameter.size > 8:
-      raise ValueError(f"kernel {facts.name}: parameter {parameter.ordinal} is {parameter.size} bytes; rawgrad passes "
-                       "arguments in 8-byte slots")
-    sources.extend(range(8 * parameter.ordinal, 8 * parameter.ordinal + parameter.size))
-    targets.extend(range(facts.parameter_base + parameter.offset,
-                         facts.parameter_base + parameter.offset + parameter.size))
-  return np.array(sources, dtype=np.int64), np.array(targets, dtype=np.int64)
+    if (parameter.size, parameter.offset) != (8, 8 * parameter.ordinal):
+      raise ValueError(f"kernel {facts.name}: parameter {parameter.ordinal} is {parameter.size} bytes at offset "
+                       f"{parameter.offset}; rawgrad passes parameter n as the 8 bytes at offset 8*n")
 
 
 # *** encoded queues ***
 
 @dataclass
-class EncodedLaunch:
-  word: int              # index of SEND_PCAS_A's data word (the QMD address >> 8, known at submit)
-  qmd: bytearray         # built with constant bank 0 at address 0
-  constants: bytes       # constant bank 0 before the parameters
-  bank_bytes: int
-  kernargs: int          # the argument block's address
-  program: NVProgram
-
-
-@dataclass
 class EncodedQueue:
   engine: str
   words: np.ndarray
-  launches: list[EncodedLaunch] = field(default_factory=list)  # the ones whose QMD is placed at submit
-  kernels: tuple[str, ...] = ()                                  # every kernel the queue launches, for fault messages
+  kernels: tuple[str, ...] = ()   # every kernel the queue launches, for fault messages
 
 
 class NVAllocator(Allocator):
@@ -171,7 +153,6 @@ class NVDevice(HCQDevice):
     super().__init__(name, target, NVAllocator(self.video_heap), PTXCompiler(target, embed_program=embed),
                      NVPTXRenderer(target, embed_program=embed), NVProgram)
     self.pushbuffers = {engine: HostRing(self, PUSHBUFFER_BYTES, f"{engine} pushbuffer") for engine in self.channels}
-    self.launch_ring = HostRing(self, LAUNCH_RING_BYTES, "QMD and constant bank")
     for engine in self.channels: self.submit(HWQueue(), engine)   # binds the engine classes
     self.synchronize(SETUP_TIMEOUT_S)
     self.clock_offset_ns = self._calibrate_clock()
@@ -259,14 +240,14 @@ class NVDevice(HCQDevice):
   # ** encoding
 
   def encode(self, queue: HWQueue, engine: str) -> EncodedQueue:
-    pushbuffer, launches, kernels = Pushbuffer(), [], []
+    pushbuffer, kernels = Pushbuffer(), []
     for command in queue.commands:
       operands = command.operands
       if command.kind == "exec":
         if engine != COMPUTE: raise ValueError(f"{self.name}: kernels run on the {COMPUTE} engine, not {engine}")
         if kernels: pushbuffer.wait_for_idle()   # the next kernel may read what this one wrote
         kernels.append(operands[0].name)
-        if (placed := self._encode_launch(pushbuffer, *operands)) is not None: launches.append(placed)
+        self._encode_launch(pushbuffer, *operands)
       elif command.kind == "copy":
         if engine != COPY: raise ValueError(f"{self.name}: copies run on the {COPY} engine, not {engine}")
         self._encode_copy(pushbuffer, *operands)
@@ -277,7 +258,7 @@ class NVDevice(HCQDevice):
         pushbuffer.wait_for_idle()
         pushbuffer.membar()
       else: raise ValueError(f"the NV queue has no command {command.kind!r}")
-    return EncodedQueue(engine, pushbuffer.array(), launches, tuple(kernels))
+    return EncodedQueue(engine, pushbuffer.array(), tuple(kernels))
 
   def _timestamp_slot(self, address: int) -> int:
     if address % self.timestamp_bytes:
@@ -286,36 +267,21 @@ class NVDevice(HCQDevice):
     return address
 
   def _encode_launch(self, pushbuffer: Pushbuffer, program: NVProgram, kernargs: int, grid: tuple[int, int, int],
-                     block: tuple[int, int, int]) -> EncodedLaunch | None:
-    """SEND_PCAS_A with the launch's QMD: written now into the argument block's prefix (its constant bank is the
-    driver's constants followed by the arguments in place), or placed at submit when the parameters are laid out
-    otherwise (then the EncodedLaunch says where)."""
+                     block: tuple[int, int, int]) -> None:
+    """SEND_PCAS_A with the launch's QMD, written now into the argument block's prefix: the QMD, then constant bank
+    0 as the driver's constants followed by the argument block in place."""
     if not isinstance(program, NVProgram):
       raise TypeError(f"{self.name} launches NVProgram kernels, not {type(program).__name__}")
-    launch = Launch(program.facts, program.address, tuple(grid), tuple(block), 0, SHARED_WINDOW, LOCAL_WINDOW)
-    qmd = build_qmd(self.qmd_format, launch)
-    compute = self.gpu.info.compute_class
-    in_place = program.slots_in_place and program.facts.parameter_base == self.parameter_base
     qmd_address = kernargs - self.kernargs_prefix_bytes
-    if in_place:
-      bank_address = qmd_address + QMD_SLOT_BYTES
-      self._point_at_bank(qmd, bank_address)
-      host_view(qmd_address, len(qmd))[:] = np.frombuffer(qmd, dtype=np.uint8)
-      host_view(bank_address, self.parameter_base)[:] = np.frombuffer(driver_constants(launch), dtype=np.uint8)
-    word = pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"),
-                             qmd_address >> 8 if in_place else 0)
+    bank_address = qmd_address + QMD_SLOT_BYTES
+    launch = Launch(program.facts, program.address, tuple(grid), tuple(block), bank_address, SHARED_WINDOW,
+                    LOCAL_WINDOW)
+    qmd = build_qmd(self.qmd_format, launch)
+    host_view(qmd_address, len(qmd))[:] = np.frombuffer(qmd, dtype=np.uint8)
+    host_view(bank_address, self.parameter_base)[:] = np.frombuffer(driver_constants(launch), dtype=np.uint8)
+    compute = self.gpu.info.compute_class
+    pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_PCAS_A"), qmd_address >> 8)
     pushbuffer.method(SUBCHANNEL_COMPUTE, compute_method(compute, "SEND_SIGNALING_PCAS2_B"), PCAS_ACTION)
-    if in_place: return None
-    return EncodedLaunch(word, qmd, driver_constants(launch), launch.constant_bank_bytes, kernargs, program)
-
-  def _point_at_bank(self, qmd: bytearray, bank_address: int) -> None:
-    format_ = self.qmd_format
-    if format_.major == 4:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER_SHIFTED6", 0), (bank_address >> 6) & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER_SHIFTED6", 0), bank_address >> 38)
-    else:
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_LOWER", 0), bank_address & 0xFFFFFFFF)
-      set_field(qmd, format_.bits("CONSTANT_BUFFER_ADDR_UPPER", 0), bank_address >> 32)
 
   def _encode_copy(self, pushbuffer: Pushbuffer, dest: int, source: int, nbytes: int) -> None:
     """A linear copy, in pieces LINE_LENGTH_IN can hold; the first waits for earlier copies (non-pipelined)."""
@@ -338,12 +304,7 @@ class NVDevice(HCQDevice):
     self.check_faults()
     if encoded.engine != engine:
       raise ValueError(f"a queue encoded for the {encoded.engine} engine was submitted to the {engine} engine")
-    words = encoded.words.copy()
-    placed = sum(QMD_SLOT_BYTES + launch.bank_bytes for launch in encoded.launches)
-    if placed > LAUNCH_RING_BYTES // 2:   # the ring would wrap onto this queue's own first launches
-      raise ValueError(f"a queue of {len(encoded.launches)} launches needs {placed} bytes of QMDs and constant banks; "
-                       f"the ring holds {LAUNCH_RING_BYTES // 2} per submission: submit it in parts")
-    for launch in encoded.launches: words[launch.word] = self._place_launch(launch) >> 8
+    words = encoded.words
     setup = self.setup.pop(engine, None)
     if setup: words = np.concatenate([np.array(setup, dtype=np.uint32), words])
     if len(words) == 0: return
@@ -351,24 +312,6 @@ class NVDevice(HCQDevice):
     segment.host[:] = words.view(np.uint8)
     self.channels[engine].submit(segment.address, len(words), self.timeline_value + 1, encoded.kernels,
                                  lambda value: self.timeline_signal.wait(value))
-
-  def _place_launch(self, launch: EncodedLaunch) -> int:
-    """Write the launch's QMD and constant bank 0 (with the argument block as it is now) into the ring; returns the
-    QMD's address."""
-    qmd_bytes = QMD_SLOT_BYTES
-    block = self.launch_ring.alloc(qmd_bytes + launch.bank_bytes, alignment=QMD_ALIGNMENT)
-    bank_address = block.address + qmd_bytes
-    qmd = bytearray(launch.qmd)
-    self._point_at_bank(qmd, bank_address)
-    block.host[:len(qmd)] = np.frombuffer(qmd, dtype=np.uint8)
-    bank = block.host[qmd_bytes:qmd_bytes + launch.bank_bytes]
-    bank[:] = 0
-    bank[:len(launch.constants)] = np.frombuffer(launch.constants, dtype=np.uint8)
-    program = launch.program
-    if len(program.source_slots):
-      arguments = host_view(launch.kernargs, 8 * len(program.facts.parameters))
-      bank[program.bank_offsets] = arguments[program.source_slots]
-    return block.address
 
   # ** faults, waits and time
 

@@ -31,8 +31,8 @@ def stack_bytes(frame_bytes: int) -> int:
   return round_up(frame_bytes + LOCAL_WINDOW_BYTES - STACK_POINTER, 16) if frame_bytes else 0
 DRIVER_CONSTANTS = {"block": 0x00, "grid": 0x0C, "shared_window": 0x18, "local_window": 0x20, "stack": 0x28}
 GLOBAL_DESCRIPTOR = 0x208        # sm_90 reads it before global accesses: zero means plain flat addresses
-# Hopper's QMD_TYPE: libcuda sets GRID_CTA on an H100, Mesa's NVK leaves QUEUE (0); which the hardware needs is
-# unverified (notes 12), so tools/nv_ladder.py tries the other when a launch fails
+# Hopper's QMD_TYPE: libcuda sets GRID_CTA on an H100, Mesa's NVK leaves QUEUE (0); GRID_CTA runs on the H100
+# (docs/hardware.md)
 HOPPER_QMD_TYPE = layouts.NVCBC0_QMDV04_00_QMD_TYPE_GRID_CTA
 # SM shared memory carve-outs in KiB (CUDA's lists); the QMD takes KiB / 4 + 1
 CARVEOUTS_KIB = {9: (0, 8, 16, 32, 64, 100, 132, 164, 196, 228), 8: (0, 8, 16, 32, 64, 100)}

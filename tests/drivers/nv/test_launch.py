@@ -13,7 +13,7 @@ from rawgrad.compiler.render.llvmir import kernel_symbol
 from rawgrad.drivers import os as seam
 from rawgrad.drivers.nv.channel import SUBCHANNEL_COMPUTE, Pushbuffer
 from rawgrad.drivers.nv.cubin import KernelFacts, Parameter
-from rawgrad.drivers.nv.device import EncodedQueue, NVDevice, NVProgram
+from rawgrad.drivers.nv.device import EncodedQueue, NVDevice, NVProgram, check_argument_layout
 from rawgrad.drivers.nv.emulated import read_qmd
 from rawgrad.drivers.nv.qmd import (QMD_V03, QMD_V04, Launch, build_qmd, driver_constants, get_field,
                                     set_field)
@@ -54,6 +54,15 @@ def test_the_driver_refuses_launches_the_hardware_cannot_take() -> None:
     build_qmd(QMD_V04, Launch(big, 0, (1, 1, 1), (1, 1, 1), 0, 0, 0))
   with pytest.raises(ValueError, match="takes 9 bits"):
     set_field(bytearray(384), QMD_V04.bits("REGISTER_COUNT"), 512, "REGISTER_COUNT")
+
+
+def test_kernels_whose_arguments_are_not_8_byte_slots_are_refused() -> None:
+  with pytest.raises(ValueError, match="parameter 2 is 4 bytes at offset 16"):
+    check_argument_layout(FACTS, 0x210)
+  slots = KernelFacts(**{**FACTS.__dict__, "parameters": (Parameter(0, 0, 8), Parameter(1, 8, 8))})
+  check_argument_layout(slots, 0x210)
+  with pytest.raises(ValueError, match="parameters start at 0x210 .* end at 0x160"):
+    check_argument_layout(slots, 0x160)
 
 
 def test_tensor_programs_run_on_the_emulated_gpu(nv: NVDevice) -> None:
