@@ -43,9 +43,10 @@ class DeviceFault(RuntimeError):
 class HCQSignal:
   """A timeline signal: the 64-bit value at `address`, the device time (ns) of the SIGNAL that last set it at +8."""
 
-  def __init__(self, device: HCQDevice, words: np.ndarray, address: int, name: str):
+  def __init__(self, device: HCQDevice, words: np.ndarray, address: int, name: str, memory: Any = None):
     if words.dtype != np.uint64 or words.size < 2: raise ValueError("a signal needs two uint64 words of memory")
     self.device, self.words, self.address, self.name = device, words, address, name
+    self.memory = memory   # what keeps the words alive, where a driver allocated them
 
   @property
   def value(self) -> int:
@@ -174,12 +175,14 @@ class HCQDevice:
   kernargs_prefix_bytes = 0  # room a launch needs just before its argument block (NV: the QMD, the driver constants)
   kernargs_alignment = 64
   timestamp_bytes = 8       # one TIMESTAMP's slot; the time is its last 8 bytes
+  # the value the last submission signals, and the signal; class defaults as memory heaps ask before __init__ ends
+  timeline_value = 0
+  timeline_signal: Any = None
 
   def __init__(self, name: str, target: Target, allocator: Any, compiler: Any, renderer: Any, program_class: Any):
     self.name, self.target, self.allocator, self.compiler, self.renderer = name, target, allocator, compiler, renderer
     allocator.device = self   # its frees wait for this device's work
     self.program_class = program_class
-    self.timeline_value = 0
     self.last_engine: str | None = None
     self.timeline_signal = self.new_signal(0, f"{name} timeline")
     self.kernargs = HostRing(self, KERNARGS_BYTES, "kernel argument")
@@ -192,7 +195,11 @@ class HCQDevice:
     raise NotImplementedError
 
   def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
-    raise NotImplementedError
+    """A signal in device-visible host memory."""
+    memory = self.host_memory(SIGNAL_BYTES)
+    words = memory.host.view(np.uint64)
+    words[:] = [value, 0]
+    return HCQSignal(self, words, memory.address, name, memory)
 
   def encode(self, queue: HWQueue, engine: str) -> Any:
     raise NotImplementedError
@@ -252,6 +259,13 @@ class HCQDevice:
 
   def _must_wait(self, engine: str) -> bool:
     return not self.shared_engines and self.last_engine not in (None, engine)
+
+  def _completed(self) -> int:
+    """The timeline value the device has reached (0 before the timeline exists)."""
+    return 0 if self.timeline_signal is None else self.timeline_signal.value
+
+  def _submitted(self) -> int:
+    return self.timeline_value
 
   def synchronize(self, timeout_s: float = 30.0) -> None:
     """Wait for every submission so far."""

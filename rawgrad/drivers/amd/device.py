@@ -43,7 +43,7 @@ from rawgrad.helpers import round_up
 from rawgrad.runtime.compile import LLVMCompiler, append_program, embedded_program_text, split_embedded_program
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.elf import AMDKernel, load_amd_kernel
-from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \
+from rawgrad.runtime.hcq import COMPUTE, COPY, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \
   HostRing, HWQueue
 
 INDIRECT_BUFFER_RING_BYTES = 4 << 20
@@ -249,13 +249,6 @@ class AMDDevice(HCQDevice):
   def _release(self, allocation: Allocation) -> None:
     if not self.closed: self.memory.free_after(allocation, self._submitted() + 1)
 
-  def _completed(self) -> int:
-    signal = getattr(self, "timeline_signal", None)
-    return 0 if signal is None else signal.value
-
-  def _submitted(self) -> int:
-    return getattr(self, "timeline_value", 0)
-
   def ensure_scratch(self, bytes_per_item: int) -> None:
     """Give the compute queue scratch memory for kernels needing up to bytes_per_item of it: enough for every wave
     slot the CUs have for scratch (max_slots_scratch_cu), each lane of a wave64 (the CP sizes by wave64 lanes).
@@ -270,14 +263,6 @@ class AMDDevice(HCQDevice):
     owner: MemoryOwner = scratch.owner
     self.compute_queue.set_scratch(owner.allocation, lane_bytes, tmpring)
     self.scratch, self.scratch_lane_bytes = scratch, lane_bytes
-
-  def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
-    memory = self.host_memory(SIGNAL_BYTES)
-    words = memory.host.view(np.uint64)
-    words[:] = [value, 0]
-    signal = HCQSignal(self, words, memory.address, name)
-    signal.memory = memory  # type: ignore[attr-defined]  # keeps the memory alive with the signal
-    return signal
 
   # ** encoding
 

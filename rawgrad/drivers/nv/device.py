@@ -31,8 +31,7 @@ from rawgrad.drivers.os import KernelInterface, host_view, kernel_interface
 from rawgrad.helpers import round_up
 from rawgrad.runtime.compile import PTXCompiler, split_embedded_program
 from rawgrad.runtime.device import Allocator
-from rawgrad.runtime.hcq import COMPUTE, COPY, SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \
-  HostRing, HWQueue
+from rawgrad.runtime.hcq import COMPUTE, COPY, DeviceFault, DeviceMemory, HCQDevice, HostRing, HWQueue
 
 PUSHBUFFER_BYTES = 4 << 20
 QMD_SLOT_BYTES = 512              # a QMD (384 bytes on Hopper), then constant bank 0 at the next 256-byte boundary
@@ -183,26 +182,11 @@ class NVDevice(HCQDevice):
       self.fault = f"{self.name} is closed"
       self.gpu.close()
 
-  def _completed(self) -> int:
-    signal = getattr(self, "timeline_signal", None)
-    return 0 if signal is None else signal.value
-
-  def _submitted(self) -> int:
-    return getattr(self, "timeline_value", 0)
-
   # ** memory
 
   def host_memory(self, nbytes: int) -> DeviceMemory:
     block = self.host_heap.alloc(nbytes)
     return DeviceMemory(block.address, nbytes, block.host, block)
-
-  def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
-    block = self.host_heap.alloc(SIGNAL_BYTES)
-    words = block.host.view(np.uint64)
-    words[:] = [value, 0]
-    signal = HCQSignal(self, words, block.address, name)
-    signal.memory = block  # type: ignore[attr-defined]  # keeps the memory alive with the signal
-    return signal
 
   def ensure_local_memory(self, bytes_per_thread: int) -> None:
     """Back the local window (stacks, spills) for kernels needing up to bytes_per_thread; the next compute submission

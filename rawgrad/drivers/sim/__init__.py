@@ -36,7 +36,7 @@ from rawgrad.compiler.codegen.lower import format_program
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.target import Target, gpu_target
 from rawgrad.runtime.device import Allocator
-from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
+from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HWQueue
 from rawgrad.compiler.program_text import deserialize_program, serialize_program
 from rawgrad.helpers import round_up
 from rawgrad.runtime.interpreter import InterpreterError, run_program
@@ -199,14 +199,6 @@ class SimDevice(HCQDevice):
     raise InterpreterError(f"address {address:#x} (+{nbytes} bytes) is not mapped on {self.name}")
 
   # ** signals
-
-  def new_signal(self, value: int = 0, name: str = "signal") -> HCQSignal:
-    memory = self.host_memory(64)
-    words = memory.host.view(np.uint64)
-    words[0] = value
-    signal = HCQSignal(self, words[:SIGNAL_BYTES // 8], memory.address, name)
-    signal.memory = memory  # type: ignore[attr-defined]
-    return signal
 
   # ** queues
 
