@@ -94,6 +94,10 @@ def test_block_reduce_refuses_what_it_cannot_do() -> None:
   with pytest.raises(OptError, match="fewer than 2 threads"): apply_opts(ast, [Opt(BLOCK_REDUCE, 1, 1)])
   with pytest.raises(OptError, match="cores or on GPU threads"):
     apply_opts(ast, [Opt(OptOps.PARALLEL, 0), Opt(BLOCK_REDUCE, 1, 4)])
+  outputs = last_item(Tensor(rand(8, 8)) + 1).ast
+  for parallel_axis, threads_axis in ((0, 0), (0, 1)):   # THREADS on the parallel loop or beside it
+    with pytest.raises(OptError, match="cores or on GPU threads"):
+      apply_opts(outputs, [Opt(OptOps.PARALLEL, parallel_axis), Opt(THREADS, threads_axis, 2)])
 
 
 def test_grid_folds_extra_loops_and_blocks_respect_the_limit() -> None:

@@ -142,7 +142,8 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     order = _replace(axes, target, [outer] if outer is not None else []) + _expanded(ranges) + [split]
   elif opt.op is OptOps.THREADS:
     if target in inner: raise OptError(f"{opt}: threads split an output loop, not a reduce loop")
-    if range_kind(target) == PARALLEL: raise OptError(f"{opt}: a kernel runs on cores or on GPU threads, not both")
+    if any(range_kind(r) == PARALLEL for r in axes):
+      raise OptError(f"{opt}: a kernel runs on cores or on GPU threads, not both")
     if opt.amount < 1: raise OptError(f"{opt}: a block needs a positive number of threads")
     if len(_threads(ranges)) >= MAX_THREAD_AXES: raise OptError(f"{opt}: a block has {MAX_THREAD_AXES} thread axes")
     ast, outer, split = split_range(ast, target, opt.amount, THREAD)
