@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from rawgrad.compiler.codegen.opt.kernel import ALL_KINDS
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.dtype import PtrDType, dtypes
 
@@ -108,7 +109,6 @@ def _check_barrier(stage: str, barrier: UOp, open_loops: list[UOp], parallel: li
 
 
 _BUFFER_OPS = (Ops.DEFINE_GLOBAL, Ops.DEFINE_LOCAL, Ops.DEFINE_SCRATCH, Ops.AFTER, Ops.BARRIER)
-_KINDS = ("parallel", "loop", "reduce", "upcast", "unroll", "stage", "thread")
 
 
 def verify_lowering(stage: str, ast: UOp, gone: frozenset[str] = frozenset()) -> None:
@@ -121,5 +121,5 @@ def verify_lowering(stage: str, ast: UOp, gone: frozenset[str] = frozenset()) ->
       if node.src[1].dtype.scalar != dtypes.index: _fail(where, node, f"index has dtype {node.src[1].dtype!r}")
       if len(node.src) > 2 and node.src[2].dtype.scalar != dtypes.bool: _fail(where, node, "gate must be bool")
     if node.op is Ops.RANGE:
-      if node.arg[1] not in _KINDS: _fail(where, node, f"unknown range kind {node.arg[1]!r}")
+      if node.arg[1] not in ALL_KINDS: _fail(where, node, f"unknown range kind {node.arg[1]!r}")
       if node.arg[1] in gone: _fail(where, node, f"a {node.arg[1]} range is left after {stage}")

@@ -14,7 +14,8 @@ from rawgrad.compiler.codegen.gates import simplify_gated_indices
 from rawgrad.compiler.codegen.gpu import launch_dims, map_to_gpu
 from rawgrad.compiler.codegen.linearize import linearize
 from rawgrad.compiler.codegen.mathrules import expand_math
-from rawgrad.compiler.codegen.opt.kernel import PARALLEL, Opt, all_ranges, apply_opts, range_kind
+from rawgrad.compiler.codegen.opt.kernel import (PARALLEL, THREAD, UNROLL, UPCAST, Opt, all_ranges, apply_opts,
+                                                 range_kind)
 from rawgrad.compiler.codegen.peel import peel_remainders
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.spec import verify_lowering, verify_program
@@ -48,7 +49,9 @@ class LoweredKernel:
 
 def _apply_opts(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
   """The opts applied: ranges split, kinds set (parallel, upcast, unroll, thread, ...), staged copies made."""
-  return apply_opts(ast, opts)
+  kernel = apply_opts(ast, opts)
+  if DEBUG >= 4: print(f"kernel {ast.arg} for {target.arch} after {list(opts)}:\n{kernel}")
+  return kernel
 
 
 def _map_to_gpu(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
@@ -81,10 +84,10 @@ Pass = Callable[[UOp, Target, Sequence[Opt]], UOp]
 PASSES: list[tuple[str, Pass, frozenset[str]]] = [
   ("simplify_gated_indices", _gated_indices, frozenset()),
   ("apply_opts", _apply_opts, frozenset()),
-  ("map_to_gpu", _map_to_gpu, frozenset({"thread"})),
+  ("map_to_gpu", _map_to_gpu, frozenset({THREAD})),
   ("peel_remainders", _peel, frozenset()),
   ("expand_math", _expand_math, frozenset()),
-  ("expand", _expand, frozenset({"upcast", "unroll"})),
+  ("expand", _expand, frozenset({UPCAST, UNROLL})),
 ]
 
 
@@ -95,14 +98,11 @@ def lower_kernel(ast: UOp, opts: Sequence[Opt] | None = None, target: Target | N
     from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
     opts = hand_coded_opts(ast, target)
   kernel = ast
-  parallel: list[UOp] = []
   gone: frozenset[str] = frozenset()
   for name, run, removes in PASSES:
     kernel, gone = run(kernel, target, opts), gone | removes
-    if name == "apply_opts":
-      parallel = [r for r in all_ranges(kernel) if range_kind(r) == PARALLEL]
-      if DEBUG >= 4: print(f"kernel {ast.arg} for {target.arch} after {list(opts)}:\n{kernel}")
     if SPEC: verify_lowering(name, kernel, gone)
+  parallel = [r for r in all_ranges(kernel) if range_kind(r) == PARALLEL]
   program = linearize(kernel)
   if SPEC: verify_program(ast.arg, program)
   if DEBUG >= 5: print(format_program(ast.arg, program, target))

@@ -50,6 +50,7 @@ from rawgrad.dtype import DType, dtypes
 PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
   "thread"
 LOOP_KINDS = (PARALLEL, LOOP, REDUCE)
+ALL_KINDS = (PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD)
 EXPANDED_KINDS = (UPCAST, UNROLL)
 MAX_THREAD_AXES = 3  # a GPU block has three thread dimensions
 
@@ -286,8 +287,8 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   target_index = store.src[0]
   gate = lane < 1 if len(target_index.src) == 2 else target_index.src[2] & (lane < 1)
   store = store.replace(src=(target_index.replace(src=(*target_index.src[:2], gate)), store.src[1]))
-  loops = _replace(axes, target, [outer]) + combines
-  return renumber(split.replace(src=(store,)), loops + _placed_after_loops(all_ranges(split.replace(src=(store,)))))
+  shared = split.replace(src=(store,))
+  return renumber(shared, _replace(axes, target, [outer]) + combines + _placed_after_loops(all_ranges(shared)))
 
 
 # *** staging a load in a GPU block's shared memory ***
@@ -320,10 +321,9 @@ def stage_shared(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if not inside: raise OptError(f"{opt}: nothing to stage: no reduce loop inside loop {opt.axis} moves the load")
   threads = _threads(ranges)
   layout = inside + [r for r in ranges if range_kind(r) in (THREAD, UNROLL, UPCAST) and r in used]
-  sizes = [size_of(r) for r in layout]
-  if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
   layout = sorted(layout, key=lambda r: -abs(stride(index, r) or 0))
   sizes = [size_of(r) for r in layout]
+  if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
   count, block = math.prod(sizes), math.prod(size_of(r) for r in threads)
   fresh = max(r.arg[0] for r in ranges) + 1
   rounds = UOp.range(-(-count // block), fresh, STAGE)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges
+from rawgrad.compiler.codegen.opt.kernel import UPCAST, Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges
 from rawgrad.compiler.ir import Ops, UOp
 
 
@@ -107,4 +107,4 @@ class Planner:
 
   def uses_lanes(self, index: UOp) -> bool:
     """The index moves with the vector lanes (a vector load, or a gather)."""
-    return any(node.op is Ops.RANGE and node.arg[1] == "upcast" for node in index.toposort)
+    return any(node.op is Ops.RANGE and node.arg[1] == UPCAST for node in index.toposort)
