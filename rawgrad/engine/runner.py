@@ -28,7 +28,7 @@ class CompiledRunner:
   device: str
   lowered: LoweredKernel
   source: str
-  kernel: Any                     # the device's program_class instance
+  kernel: Any                     # the device's program_class instance (its .device launches it)
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
@@ -59,7 +59,7 @@ class CompiledRunner:
   def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int], timed: bool = False) -> tuple[int, int] | None:
     """Launch on the device's compute engine; with `timed`, wait and return the device's start and end times (ns)."""
     global_size, local_size = self.launch_dims(var_values)
-    return Device[self.device].launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
+    return self.kernel.device.launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
 
 
 def build_runner(device: str, ast: UOp, lowered: LoweredKernel, source: str | None = None,
