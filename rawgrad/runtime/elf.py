@@ -21,6 +21,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.relocation import RelocationSection
 from elftools.elf.sections import Section, Symbol, SymbolTableSection
 
+from rawgrad.autogen.amd import kernel_descriptor as descriptors
+
 Resolver = Callable[[str], int]
 PAGE_SIZE = mmap.PAGESIZE
 GOT_SLOT = 8
@@ -400,10 +402,9 @@ def load_amd_kernel(obj: bytes, name: str) -> AMDKernel:
     raise KeyError(f"the code object has no kernel descriptor {name}.kd (it has {sorted(image.objects)})")
   data = relocate(image, 0, lambda symbol: _no_stub(0))
   at = image.objects[f"{name}.kd"]
-  group, private, kernarg = struct.unpack_from("<III", data, at)
-  (entry,) = struct.unpack_from("<q", data, at + 16)
-  rsrc3, rsrc1, rsrc2 = struct.unpack_from("<III", data, at + 44)
-  (properties,) = struct.unpack_from("<H", data, at + 56)
-  if at + entry != image.functions.get(name, at + entry):
-    raise RelocationError(f"{name}.kd points at {at + entry:#x}, but {name} starts at {image.functions[name]:#x}")
-  return AMDKernel(name, data, at, at + entry, group, private, kernarg, rsrc1, rsrc2, rsrc3, properties)
+  kd = descriptors.kernel_descriptor_t.from_buffer_copy(data, at)
+  code = at + kd.kernel_code_entry_byte_offset
+  if code != image.functions.get(name, code):
+    raise RelocationError(f"{name}.kd points at {code:#x}, but {name} starts at {image.functions[name]:#x}")
+  return AMDKernel(name, data, at, code, kd.group_segment_fixed_size, kd.private_segment_fixed_size, kd.kernarg_size,
+                   kd.compute_pgm_rsrc1, kd.compute_pgm_rsrc2, kd.compute_pgm_rsrc3, kd.kernel_code_properties)

@@ -81,7 +81,7 @@ def test_pm4_packets():
 
 
 def test_kernel_descriptor_layout_matches_what_the_loader_reads():
-  # runtime/elf.py's load_amd_kernel reads these offsets; LLVM's header is where they are defined
+  # runtime/elf.py's load_amd_kernel reads the descriptor through this class; LLVM's header defines the offsets
   descriptor = kernel_descriptor.kernel_descriptor_t
   assert ctypes.sizeof(descriptor) == 64
   assert (descriptor.group_segment_fixed_size.offset, descriptor.private_segment_fixed_size.offset,
