@@ -1,6 +1,7 @@
 """The memory planner: temporaries whose lifetimes do not overlap share storage in one arena."""
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 from rawgrad.helpers import round_up
@@ -31,7 +32,7 @@ def plan_arena(uses: list[list[object]], sizes: dict[object, int]) -> tuple[int,
   ending: dict[int, list[object]] = {}
   for buffer in sorted(first, key=lambda b: (first[b], -sizes[b])):
     for step in sorted(s for s in ending if s < first[buffer]):
-      for done in ending.pop(step): free = _release(free, placements[done])
+      for done in ending.pop(step): release_range(free, placements[done].offset, placements[done].nbytes)
     nbytes = round_up(max(sizes[buffer], 1), ALIGNMENT)
     fits = [block for block in free if block[1] >= nbytes]
     if fits:
@@ -45,14 +46,13 @@ def plan_arena(uses: list[list[object]], sizes: dict[object, int]) -> tuple[int,
   return arena_end, placements
 
 
-def _release(free: list[tuple[int, int]], placement: Placement) -> list[tuple[int, int]]:
-  """Return a block to the free list, merging it with free neighbours."""
-  blocks = sorted(free + [(placement.offset, placement.nbytes)])
-  merged: list[tuple[int, int]] = []
-  for offset, size in blocks:
-    if merged and merged[-1][0] + merged[-1][1] == offset: merged[-1] = (merged[-1][0], merged[-1][1] + size)
-    else: merged.append((offset, size))
-  return merged
+def release_range(free: list[tuple[int, int]], offset: int, nbytes: int) -> None:
+  """Put the block back into `free` ((offset, nbytes) blocks sorted by offset), merged with free neighbours."""
+  i = bisect.bisect(free, (offset, 0))
+  free.insert(i, (offset, nbytes))
+  if i + 1 < len(free) and offset + nbytes == free[i + 1][0]: free[i:i + 2] = [(offset, nbytes + free[i + 1][1])]
+  if i > 0 and free[i - 1][0] + free[i - 1][1] == free[i][0]:
+    free[i - 1:i + 1] = [(free[i - 1][0], free[i - 1][1] + free[i][1])]
 
 
 def order_for_memory(uses: list[list[object]], writes: list[object | None], sizes: dict[object, int]) -> list[int]:

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rawgrad import GlobalCounters, Tensor
-from rawgrad.runtime.memory import ALIGNMENT, order_for_memory, plan_arena
+from rawgrad.runtime.memory import ALIGNMENT, order_for_memory, plan_arena, release_range
 
 
 @st.composite
@@ -82,3 +82,22 @@ def test_reordering_shortens_lifetimes() -> None:
   order = order_for_memory(uses, writes, sizes)
   assert order == [0, 2, 1, 3]
   assert plan_arena([uses[i] for i in order], sizes)[0] == 1024 < plan_arena(uses, sizes)[0]
+
+
+@given(st.lists(st.integers(1, 5), min_size=1, max_size=30), st.randoms(use_true_random=False))
+@settings(max_examples=200, deadline=None)
+def test_released_ranges_stay_sorted_and_merged(sizes: list[int], rng) -> None:
+  # blocks laid end to end, released in a random order: the free list is always sorted, without touching
+  # neighbours, and covers exactly what was released; at the end it is one block
+  offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+  order = list(range(len(sizes)))
+  rng.shuffle(order)
+  free: list[tuple[int, int]] = []
+  released: set[int] = set()
+  for i in order:
+    release_range(free, offsets[i], sizes[i])
+    released.update(range(offsets[i], offsets[i] + sizes[i]))
+    assert free == sorted(free)
+    assert all(a + n < b for (a, n), (b, _) in zip(free, free[1:]))
+    assert {byte for offset, n in free for byte in range(offset, offset + n)} == released
+  assert free == [(0, sum(sizes))]

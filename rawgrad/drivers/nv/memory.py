@@ -11,7 +11,6 @@ Small allocations share 2 MiB slabs (one RM object, one UVM range each), so a te
 """
 from __future__ import annotations
 
-import bisect
 import threading
 import weakref
 from collections import deque
@@ -26,6 +25,7 @@ from rawgrad.drivers.nv.rm import field as bits
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_FIXED_NOREPLACE, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED,
                                 PROT_NONE, PROT_READ, PROT_WRITE, KernelInterface, host_view)
 from rawgrad.helpers import round_up
+from rawgrad.runtime.memory import release_range
 
 PAGE = 4096
 HUGE_PAGE = 2 << 20
@@ -82,14 +82,7 @@ class VirtualArena:
   def release(self, address: int, nbytes: int) -> None:
     """Give the range back, reserved again for no one but us."""
     self.kernel.mmap(address, nbytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0)
-    with self.lock:
-      i = bisect.bisect(self.free_ranges, (address, 0))
-      self.free_ranges.insert(i, (address, nbytes))
-      merged: list[tuple[int, int]] = []
-      for start, size in self.free_ranges:
-        if merged and merged[-1][0] + merged[-1][1] == start: merged[-1] = (merged[-1][0], merged[-1][1] + size)
-        else: merged.append((start, size))
-      self.free_ranges = merged
+    with self.lock: release_range(self.free_ranges, address, nbytes)
 
 
 @dataclass
@@ -260,10 +253,4 @@ class SlabHeap:
       else: self._insert(allocation, offset, size)
 
   def _insert(self, slab: Allocation, offset: int, size: int) -> None:
-    pieces = self.free_pieces[slab.address]
-    bisect.insort(pieces, (offset, size))
-    merged: list[tuple[int, int]] = []
-    for start, length in pieces:
-      if merged and merged[-1][0] + merged[-1][1] == start: merged[-1] = (merged[-1][0], merged[-1][1] + length)
-      else: merged.append((start, length))
-    self.free_pieces[slab.address] = merged
+    release_range(self.free_pieces[slab.address], offset, size)

@@ -40,6 +40,7 @@ from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevi
 from rawgrad.compiler.program_text import deserialize_program, serialize_program
 from rawgrad.helpers import round_up
 from rawgrad.runtime.interpreter import InterpreterError, run_program
+from rawgrad.runtime.memory import release_range
 
 EXEC, SIGNAL, WAIT, TIMESTAMP, COPY, BARRIER = 1, 2, 3, 4, 5, 6
 OPERANDS = {EXEC: 8, SIGNAL: 2, WAIT: 2, TIMESTAMP: 1, COPY: 3, BARRIER: 0}
@@ -92,13 +93,7 @@ class _Arena:
                       "(set SIM_MEMORY_MB for more)")
 
   def release(self, offset: int, nbytes: int) -> None:
-    size = round_up(max(nbytes, 1), ARENA_ALIGNMENT)
-    i = bisect.bisect(self.free, (offset, 0))
-    self.free.insert(i, (offset, size))
-    if i + 1 < len(self.free) and offset + size == self.free[i + 1][0]:
-      self.free[i:i + 2] = [(offset, size + self.free[i + 1][1])]
-    if i > 0 and self.free[i - 1][0] + self.free[i - 1][1] == self.free[i][0]:
-      self.free[i - 1:i + 1] = [(self.free[i - 1][0], self.free[i - 1][1] + self.free[i][1])]
+    release_range(self.free, offset, round_up(max(nbytes, 1), ARENA_ALIGNMENT))
 
 
 class SimAllocator(Allocator):
