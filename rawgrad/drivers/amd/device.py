@@ -149,9 +149,7 @@ class MemoryOwner:
 @dataclass(frozen=True)
 class Dispatch:
   program: AMDProgram
-  kernargs: int
-  grid: tuple[int, int, int]        # work-items
-  workgroup: tuple[int, int, int]
+  packet: ctypes.Structure   # the kernel dispatch packet, header in place, built once at encode
 
 
 @dataclass
@@ -292,8 +290,11 @@ class AMDDevice(HCQDevice):
     if kernargs % 16: raise ValueError(f"a kernel argument block must be 16-byte aligned, not at {kernargs:#x}")
     grid = tuple(blocks * threads for blocks, threads in zip(global_size, local_size))
     if 0 in grid: return   # an empty launch does nothing
-    packets.dispatch_packet(0, 0, grid, tuple(local_size), 0, 0)   # checks the sizes fit the packet now
-    encoded.items.append(Dispatch(program, kernargs, grid, tuple(local_size)))
+    kernel = program.kernel
+    packet = packets.dispatch_packet(program.descriptor_address, kernargs, grid, tuple(local_size),
+                                     kernel.group_segment_size, kernel.private_segment_size)
+    packet.header = packets.aql_header(hsa.HSA_PACKET_TYPE_KERNEL_DISPATCH)
+    encoded.items.append(Dispatch(program, packet))
 
   def _signal_words(self, engine: str, signal: HCQSignal, value: int) -> list[int]:
     """The device time at +8, the value, then the event slot and an interrupt for sleeping waiters."""
@@ -337,12 +338,7 @@ class AMDDevice(HCQDevice):
 
   def _aql_packet(self, item: Dispatch | list[int]) -> ctypes.Structure:
     """The packet for an item, its header in place (AQLQueue writes the header word last)."""
-    if isinstance(item, Dispatch):
-      kernel = item.program.kernel
-      packet = packets.dispatch_packet(item.program.descriptor_address, item.kernargs, item.grid, item.workgroup,
-                                       kernel.group_segment_size, kernel.private_segment_size)
-      packet.header = packets.aql_header(hsa.HSA_PACKET_TYPE_KERNEL_DISPATCH)
-      return packet
+    if isinstance(item, Dispatch): return item.packet
     words = np.array(item, dtype=np.uint32)
     buffer = self.indirect_buffers.alloc(words.nbytes, alignment=256)
     buffer.host[:] = words.view(np.uint8)
