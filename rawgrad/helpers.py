@@ -124,9 +124,11 @@ class LRUCache(Generic[K, V]):
 
 
 class GlobalCounters:
-  """Totals since the last reset(): kernels launched, ALU operations, bytes moved, kernel time; and the bytes of
-  device memory held by buffers now (mem_used) and at most since the reset (mem_peak)."""
+  """Totals since the last reset(): kernels launched, kernels built (lowered, compiled or read from the disk cache,
+  and loaded), ALU operations, bytes moved, kernel time; and the bytes of device memory held by buffers now
+  (mem_used) and at most since the reset (mem_peak)."""
   kernel_count = 0
+  kernels_built = 0
   global_ops = 0
   global_mem = 0
   time_sum_s = 0.0
@@ -136,6 +138,7 @@ class GlobalCounters:
   @staticmethod
   def reset() -> None:
     GlobalCounters.kernel_count, GlobalCounters.global_ops, GlobalCounters.global_mem = 0, 0, 0
+    GlobalCounters.kernels_built = 0
     GlobalCounters.time_sum_s = 0.0
     GlobalCounters.mem_peak = GlobalCounters.mem_used
 

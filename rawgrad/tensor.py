@@ -10,10 +10,11 @@ import numpy as np
 
 from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized
 from rawgrad.compiler.ir import Ops, UOp, sint
-from rawgrad.compiler.rangeify import buffer_base, create_schedule
+from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
 from rawgrad.engine.jit import refuse_host_read
+from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
 from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
@@ -531,7 +532,7 @@ def realize_tensors(tensors: list[Tensor]) -> None:
   if not outputs: return
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
-    schedule = create_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
+    schedule = cached_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
     becomes_map = schedule.becomes_map
     live = list(all_tensors)
     # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is checked on its

@@ -18,6 +18,7 @@ from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturin
                                 stop_capture)
 from rawgrad.runtime.device import Buffer, _buffers, buffer_for
 from rawgrad.tensor import Tensor, all_tensors
+from rawgrad.tensor_ops.random import DRAW_MASK, advance_draws, random_draws
 
 __all__ = ["jit", "JitError"]
 
@@ -67,6 +68,8 @@ class jit:
     self.non_tensor_arguments: list[tuple[str, Any]] = []
     self.input_slots: list[list[tuple[int, int]]] = []   # per input: (item, buffer position) that read it
     self.result: Any = None
+    self.draws = (0, 0)  # the generator's draw number when the capture began, and how many draws it made
+    self.captured_draws: dict[tuple[int, UOp], int] = {}  # (item, variable): the draw number it had at the capture
     self.graph: CommandGraph | None = None
     functools.update_wrapper(self, function)
 
@@ -96,16 +99,21 @@ class jit:
       raise JitError(f"jit {self.function.__name__}: the same buffer is passed as two inputs; replay could not "
                      "swap them independently")
     capture = start_capture()
+    first_draw = random_draws()
     try:
       result = self._run_and_realize(args, kwargs)
     finally:
       stop_capture()
+    self.draws = (first_draw, (random_draws() - first_draw) & DRAW_MASK)
     if not capture.kernels: raise JitError(f"jit {self.function.__name__}: the function launched no kernels")
     outputs = [_buffer_of(t) for t in _tensors_in(result)]
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
     if aliased: raise JitError(f"jit {self.function.__name__}: output aliases input {aliased[0]}")
     protected = _tensor_buffers() | {id(b) for b in input_buffers + outputs}
     self.items, self.result = replan_temporaries(capture.items, protected), result
+    self.captured_draws = {(index, variable): value for index, item in enumerate(self.items)
+                           for variable, value in getattr(item, "var_values", {}).items()
+                           if variable.arg[0].startswith("_r")}
     self.input_specs = [_InputSpec(t.shape, t.dtype, t.device) for t in tensors]
     self.non_tensor_arguments = others
     self.input_slots = [[(k, p) for k, item in enumerate(self.items) for p, b in enumerate(item.buffers)
@@ -133,11 +141,18 @@ class jit:
     self._check_inputs(tensors, others)
     if self.graph is None: self.graph = CommandGraph(self.items)
     self.graph.wait_for_last_run()
+    # random tensors drawn in the function draw new numbers on every replay, as eager calls would: the draws'
+    # numbers move by how far the generator went since the capture
+    first_draw, count = self.draws
+    shift, _ = (random_draws() - first_draw) & DRAW_MASK, advance_draws(count)
     for index, item in enumerate(self.items):
       for variable in getattr(item, "var_values", {}):
-        if variable.arg[0] in bound:
-          item.var_values[variable] = bound[variable.arg[0]]
-          self.graph.patch_variable(index, variable, bound[variable.arg[0]])
+        if variable.arg[0] in bound: value = bound[variable.arg[0]]
+        elif (index, variable) in self.captured_draws:
+          value = (self.captured_draws[index, variable] + shift) & DRAW_MASK
+        else: continue
+        item.var_values[variable] = value
+        self.graph.patch_variable(index, variable, value)
     for tensor, slots in zip(tensors, self.input_slots):
       buffer = _buffer_of(tensor).ensure_allocated()
       for index, position in slots:

@@ -38,7 +38,7 @@ def test_replay_launches_the_captured_kernels_without_scheduling(monkeypatch: py
   def refuse(*_: object) -> None:
     raise AssertionError("replay must not schedule")
 
-  monkeypatch.setattr("rawgrad.tensor.create_schedule", refuse)
+  monkeypatch.setattr("rawgrad.tensor.cached_schedule", refuse)
   GlobalCounters.reset()
   out = double_then_sum(*inputs)
   assert GlobalCounters.kernel_count == len(double_then_sum.kernels) == 2

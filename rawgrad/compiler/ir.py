@@ -250,11 +250,16 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   def bitcast(self, dtype: DType) -> UOp:
     return self if self.dtype == dtype else UOp(Ops.BITCAST, dtype, (self,))
 
-  def bind(self, value: int) -> UOp:
+  def bind(self, value: int, device: str | None = None) -> UOp:
+    """The variable bound to a value; with a device, a 0-d tensor-level node whose value is a kernel parameter."""
     if self.op is not Ops.DEFINE_VAR: raise TypeError(f"only a variable can be bound, not {self.op}")
     name, low, high = self.arg
     if not low <= value <= high: raise ValueError(f"value {value} is outside {name}'s range [{low}, {high}]")
-    return UOp(Ops.BIND, self.dtype, (self, UOp.const(self.dtype, value)))
+    on_device = (UOp(Ops.DEVICE, arg=device),) if device is not None else ()
+    # the value's node is tagged: it is never shared with an equal constant used elsewhere (the schedule cache
+    # treats the value as a hole, and a shared node would be one too)
+    bound = UOp(Ops.CONST, self.dtype, (), value, tag="bound")
+    return UOp(Ops.BIND, self.dtype, (self, bound, *on_device))
 
   # *** graph traversal ***
 
@@ -314,17 +319,22 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   @functools.cached_property
   def device(self) -> str:
-    """The device a tensor-level node lives on: the first DEVICE node in its graph (in toposort order), or, where a
-    COPY moves data to another device, the device its sources' values end up on. Read from the cached toposort on
-    purpose. Measured: a walk that stops at the first DEVICE made a repeated 16-element add 40 us slower (for 0.4 s
-    off the MNIST cold first step). The likely reason: a cached toposort holds its own node (a cycle the collector
-    frees late), which keeps the graph and the rewrite cache's entries for it alive between realizes."""
-    first = None
+    """The device a tensor-level node lives on: a COPY's target, else its first source's that has one. Taken from
+    the sources' cached devices where they are known (a new node on a large graph costs nothing), else by one walk
+    over the graph. Measured: always walking made building an optimizer step over a backward graph quadratic (half
+    of an eager MNIST step); a walk that stops at the first DEVICE made a repeated 16-element add 40 us slower, as a
+    toposort it does not cache is walked again by the realize that follows."""
+    if self.op is Ops.DEVICE: return self.arg
+    if self.op is Ops.COPY: return self.src[1].arg
+    for source in self.src:
+      if (known := source.__dict__.get("device")) is not None: return known
+      if source.op is Ops.DEVICE: return source.arg
+      if source.src: break  # a source whose device is not known yet
     for node in self.toposort:
       if node.op is Ops.COPY: return _device_through_copies(self)
-      if first is None and node.op is Ops.DEVICE: first = node.arg
-    if first is None: raise ValueError(f"{self.op} has no device")
-    return first
+    for node in self.toposort:
+      if node.op is Ops.DEVICE: return node.arg
+    raise ValueError(f"{self.op} has no device")
 
   # *** shapes of tensor-level nodes ***
 
@@ -480,6 +490,7 @@ def _shape(node: UOp) -> tuple | None:
   if op in (Ops.RESHAPE, Ops.EXPAND): return node.size_args()
   if op is Ops.BUFFER: return (node.arg,)
   if op is Ops.CONST: return () if node.src else None
+  if op is Ops.BIND: return () if len(node.src) == 3 else None
   if op is Ops.IOTA: return (to_sint(node.src[1]),)
   if not node.src or node.src[0].shape is None: return None
   inner = node.src[0].shape
@@ -621,7 +632,7 @@ def _bounds_cast(node: UOp, a: tuple) -> tuple | None:
 
 _BOUND_RULES: dict[Ops, Callable[..., tuple | None]] = {
   Ops.DEFINE_VAR: lambda node: (node.arg[1], node.arg[2]),
-  Ops.BIND: lambda node, var, value: var,
+  Ops.BIND: lambda node, var, *_: var,
   Ops.RANGE: lambda node, end: (0, max(0, end[1] - 1)),
   Ops.SPECIAL: lambda node, end: (0, max(0, end[1] - 1)),
   Ops.ADD: lambda node, a, b: (a[0] + b[0], a[1] + b[1]),

@@ -8,6 +8,8 @@ recomputed in place. See ARCHITECTURE.md, "The scheduler: rangeify", for the sev
 from __future__ import annotations
 
 import itertools
+import re
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -22,6 +24,12 @@ from rawgrad.helpers import DEBUG, SPEC, prod, unique_id
 # ops that start a tensor graph: they have no data sources to index
 LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.BIND, Ops.DEFINE_VAR, Ops.DEVICE, Ops.UNIQUE})
 TRUE = UOp.const(dtypes.bool, True)
+RANDOM_DRAW = "random_draw"  # the variable a random tensor's draw number is bound to
+
+
+def is_value_parameter(variable: UOp) -> bool:
+  """A kernel variable that carries a value (a parameterized constant, a random draw), not a size."""
+  return re.fullmatch(r"_[cr]\d+", variable.arg[0]) is not None
 
 Index = tuple[UOp, ...]
 
@@ -31,9 +39,10 @@ class ScheduleItem:
   """One kernel: its AST (a SINK of one STORE) and the BUFFER nodes bound to its parameters, output first."""
   ast: UOp
   buffers: tuple[UOp, ...]
-  var_values: tuple[tuple[UOp, int], ...] = ()
+  var_values: tuple[tuple[UOp, int | float], ...] = ()
   dims: tuple = ()                 # the shape of what the kernel stores
   operations: tuple[str, ...] = ()  # the tensor operations it computes, where the profiler recorded them
+  binds: tuple[tuple[UOp, UOp], ...] = ()  # (variable, the tensor graph's BIND node it takes its value from)
 
   @property
   def name(self) -> str:
@@ -333,7 +342,8 @@ class KernelBuilder:
   def __init__(self, root: UOp, output: UOp, buffers_of: dict[UOp, UOp], memo: IndexMemo):
     self.root, self.output, self.buffers_of, self.memo = root, output, buffers_of, memo
     self.params: dict[UOp, UOp] = {}
-    self.var_values: dict[UOp, int] = {}
+    self.var_values: dict[UOp, int | float] = {}
+    self.binds: dict[UOp, UOp] = {}
     self.axes = itertools.count()
     self.cache: dict[tuple, UOp] = {}
     self.operations: dict[str, None] = {}
@@ -356,13 +366,20 @@ class KernelBuilder:
     store_index = UOp(Ops.INDEX, self.output.dtype.ptr(self.output.arg),
                       (self.params[self.output], self.store_index(idx)))
     store = UOp(Ops.STORE, dtypes.void, (store_index, value.cast(self.output.dtype)))
-    return simplify(UOp(Ops.SINK, dtypes.void, (self.unbind(store),), kernel_name(self.root, store)))
+    store = simplify(self.unbind(store))
+    return UOp(Ops.SINK, dtypes.void, (parameterize(store, self.var_values),), kernel_name(self.root, store))
 
   def unbind(self, store: UOp) -> UOp:
-    """Bound variables (in sizes, hence in indices) become kernel parameters: the kernel is compiled once for every
-    value, and the values travel in the argument block."""
+    """Bound variables (in sizes, hence in indices, or random draws' keys) become kernel parameters: the kernel is
+    compiled once for every value, and the values travel in the argument block. Random draws' keys are renamed by
+    order of appearance (`_r0`, `_r1`, ...), as one kernel may hold several draws."""
     binds = {node: node.src[0] for node in store.toposort if node.op is Ops.BIND}
-    for bind, variable in binds.items(): self.var_values[variable] = bind.src[1].arg
+    draws = itertools.count()
+    for bind, variable in binds.items():
+      if variable.arg[0] == RANDOM_DRAW:
+        variable = binds[bind] = UOp.variable(f"_r{next(draws)}", *variable.arg[1:], variable.dtype)
+      self.var_values[variable] = bind.src[1].arg
+      self.binds[variable] = bind
     return substitute(store, binds)
 
   def store_index(self, idx: Index) -> UOp:
@@ -413,6 +430,53 @@ class KernelBuilder:
     raise NotImplementedError(f"rangeify cannot lower {op} yet")
 
 
+# *** values that change between calls become parameters ***
+
+# ops whose constant operand shapes the code, not only the value: shift amounts, divisors (strength-reduced)
+_STRUCTURAL_OPERAND = frozenset({Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD})
+_VALUE_USERS = frozenset({*GroupOp.ALU, Ops.CAST})
+
+
+def parameterize(store: UOp, var_values: dict[UOp, int | float]) -> UOp:
+  """Constants in the value math become kernel parameters, so that a kernel is compiled once for every value of a
+  Python scalar, a random draw's key or a loss scale: `y * float(i)` for any i, and every `Tensor.rand(16)`, run
+  one compiled program. The rule for what stays folded into the code, because it changes what code is generated:
+  - index arithmetic and booleans (sizes, strides, masks);
+  - shift amounts and integer divisors (shifts and divisions by constants are strength-reduced);
+  - 0, 1 and -1 (identities the simplifier removes), infinities and NaN (reduction identities, masking fills), and
+    integer powers of two in multiplications (become shifts).
+  The parameters are named by order of appearance (`_c0`, `_c1`, ...), so kernels of one structure share a name
+  and a program; their values go to `var_values`. Floats travel as float64, integers as 64-bit index values."""
+  replaced: dict[UOp, UOp] = {}
+  count = itertools.count()
+  for node in store.toposort:
+    sources = tuple(replaced.get(source, source) for source in node.src)
+    if node.op in _VALUE_USERS:
+      sources = tuple(_parameter(source, node.op, var_values, count) if _changes_between_calls(source, node.op)
+                      else source for source in sources)
+    if sources != node.src: replaced[node] = node.replace(src=sources)
+  return replaced.get(store, store)
+
+
+def _changes_between_calls(node: UOp, user: Ops) -> bool:
+  if node.op is not Ops.CONST or node.dtype.count != 1 or node.dtype in (dtypes.index, dtypes.bool): return False
+  if user in _STRUCTURAL_OPERAND: return False
+  value = node.arg
+  if dtypes.is_float(node.dtype): return math.isfinite(value) and value not in (0.0, 1.0, -1.0)
+  if value in (0, 1, -1) or not -2**63 <= value < 2**63: return False
+  return not (user is Ops.MUL and value & (value - 1) == 0)
+
+
+def _parameter(const: UOp, user: Ops, var_values: dict[UOp, int | float], count: Iterator[int]) -> UOp:
+  name = f"_c{next(count)}"
+  if dtypes.is_float(const.dtype):
+    variable = UOp.variable(name, -math.inf, math.inf, dtypes.float64)
+  else:
+    variable = UOp.variable(name, -2**63, 2**63 - 1, dtypes.index)
+  var_values[variable] = const.arg
+  return variable.cast(const.dtype)
+
+
 def kernel_name(root: UOp, store: UOp) -> str:
   """E_ for elementwise kernels, r_ for reductions, then the output shape (and the reduced sizes)."""
   reduces = [node for node in store.toposort if node.op is Ops.REDUCE]
@@ -456,7 +520,7 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
     ast = builder.build()
     if SPEC: verify_kernel(ast)
     items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(node.shape),
-                              tuple(builder.operations)))
+                              tuple(builder.operations), tuple(builder.binds.items())))
     if on_kernel is not None: on_kernel(items[-1])
     roots.append(node)
     if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")

@@ -2,6 +2,7 @@
 between buffers."""
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +11,11 @@ import numpy as np
 from rawgrad.compiler.codegen.linearize import KernelCost, estimate_cost
 from rawgrad.compiler.codegen.lower import LoweredKernel
 from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.rangeify import is_value_parameter
 from rawgrad.compiler.render.llvmir import kernel_symbol
 from rawgrad.compiler.symbolic import evaluate
-from rawgrad.helpers import LRUCache
+from rawgrad.dtype import dtypes
+from rawgrad.helpers import GlobalCounters, LRUCache
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device
 from rawgrad.runtime.hcq import COPY, HWQueue
@@ -41,13 +44,13 @@ class CompiledRunner:
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
     """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
     time would put the whole program on the launch path)."""
-    key = tuple(sorted((v.arg[0], value) for v, value in var_values.items()))
+    key = tuple(sorted((v.arg[0], value) for v, value in var_values.items() if not is_value_parameter(v)))
     if (cost := self.costs.get(key)) is None: cost = self.costs.put(key, estimate_cost(self.program, var_values))
     return cost
 
   def args(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> list[int]:
     """The argument block's 8-byte slots: the addresses of the buffers the program uses, then variable values."""
-    return [buffers[i].address for i in self.buffer_slots] + [var_values[v] for v in self.variables]
+    return [buffers[i].address for i in self.buffer_slots] + [variable_slot(v, var_values[v]) for v in self.variables]
 
   def launch_dims(self, var_values: dict[UOp, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Blocks and threads per block (CPU: slices of the parallel loop, one thread)."""
@@ -62,10 +65,17 @@ class CompiledRunner:
     return self.kernel.device.launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
 
 
+def variable_slot(variable: UOp, value: int | float) -> int:
+  """A variable's 8-byte argument slot: an integer as itself, a float (a parameterized constant) as float64 bits."""
+  if variable.dtype == dtypes.float64: return struct.unpack("<Q", struct.pack("<d", value))[0]
+  return value
+
+
 def build_runner(device: str, ast: UOp, lowered: LoweredKernel, source: str | None = None,
                  lib: bytes | None = None) -> CompiledRunner:
   """Render (unless given the source), compile (through the disk cache, unless given the machine code) and load a
   lowered kernel: the one path every kernel takes."""
+  GlobalCounters.kernels_built += 1
   compiled = Device[device]
   if source is None: source = compiled.renderer.render(ast.arg, lowered.program)
   if lib is None: lib = compile_cached(compiled.compiler, source)

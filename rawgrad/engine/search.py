@@ -25,6 +25,7 @@ from rawgrad.compiler.codegen.lower import LoweredKernel, lower_kernel
 from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
 from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opt, loop_axes, reduce_ranges
 from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rangeify import is_value_parameter
 from rawgrad.dtype import dtypes
 from rawgrad.engine.runner import build_runner
 from rawgrad.helpers import DEBUG, ContextVar, getenv
@@ -196,7 +197,9 @@ def _cache_put(key: str, opts: tuple[Opt, ...]) -> None:
 
 
 def searched_opts(ast: UOp, device: str) -> tuple[Opt, ...] | None:
-  """With BEAM=n, the searched opts of a kernel (kernels with variables keep the heuristics: their timing would
-  depend on values not known yet); None means the heuristics' choice."""
-  if BEAM.value < 1 or any(node.op is Ops.DEFINE_VAR for node in ast.toposort): return None
-  return beam_search(ast, device, BEAM.value)
+  """With BEAM=n, the searched opts of a kernel (kernels with symbolic sizes keep the heuristics: their timing would
+  depend on values not known yet); None means the heuristics' choice. Value parameters (constants, random draws)
+  are timed with a stand-in value: the code is the same for every value."""
+  variables = [node for node in ast.toposort if node.op is Ops.DEFINE_VAR]
+  if BEAM.value < 1 or not all(is_value_parameter(v) for v in variables): return None
+  return beam_search(ast, device, BEAM.value, {v: 1 for v in variables})

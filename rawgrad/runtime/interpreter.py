@@ -64,7 +64,7 @@ def run_program(program: list[UOp], global_size: tuple[int, ...], local_size: tu
   if len(args) < len(params) + len(variables):
     raise InterpreterError(f"the program takes {len(params) + len(variables)} arguments, got {len(args)}")
   globals_ = {param: _global_view(param, args[i], memory) for i, param in enumerate(params)}
-  values = {variable: np.int64(_signed(args[len(params) + i])) for i, variable in enumerate(variables)}
+  values = {variable: _variable_value(variable, args[len(params) + i]) for i, variable in enumerate(variables)}
   block_threads = math.prod(local_size)
   blocks = math.prod(global_size)
   if block_threads == 0 or blocks == 0: return
@@ -76,6 +76,12 @@ def run_program(program: list[UOp], global_size: tuple[int, ...], local_size: tu
 
 def _signed(word: int) -> int:
   return word - (1 << 64) if word >= 1 << 63 else word
+
+
+def _variable_value(variable: UOp, word: int) -> np.generic:
+  """A variable's value from its 8-byte slot: float64 variables (parameterized constants) travel as their bits."""
+  value = np.int64(_signed(word))
+  return value.view(np.float64) if variable.dtype == dtypes.float64 else value
 
 
 def _global_view(param: UOp, address: int, memory: Memory) -> np.ndarray:

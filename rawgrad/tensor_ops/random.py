@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.rangeify import RANDOM_DRAW
 from rawgrad.dtype import DType, dtypes
 from rawgrad.tensor_ops.helpers import TensorBase, shape_arg
 
@@ -16,25 +18,37 @@ _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _KEY_PARITY = 0x1BD11BDA
 
 
+DRAW_MASK = 0xFFFFFFFF
+
+
 class _Generator:
   seed = 0
   draws = 0
 
 
-def _rotate_left(x: Any, bits: int) -> Any:
-  return (x << bits) | (x >> (32 - bits))
+def random_draws() -> int:
+  """How many random tensors were drawn since the last manual_seed (modulo 2**32)."""
+  return _Generator.draws
 
 
-def threefry2x32(counter0: Any, counter1: Any, key: tuple[int, int]) -> tuple[Any, Any]:
-  """The Threefry-2x32 block function (20 rounds) on two uint32 UOps of counter words."""
-  keys = (key[0], key[1], key[0] ^ key[1] ^ _KEY_PARITY)
+def advance_draws(count: int) -> None:
+  """Skip `count` draws, as a jit replay does for the random tensors its kernels draw."""
+  _Generator.draws = (_Generator.draws + count) & DRAW_MASK
+
+
+def threefry2x32(counter0: Any, counter1: Any, key: tuple[Any, Any]) -> tuple[Any, Any]:
+  """The Threefry-2x32 block function (20 rounds) on two uint32 UOps of counter words and two key words (ints or
+  uint32 UOps of the counters' shape)."""
+  # every constant is made once from counter0: a constant made from a node of the growing graph would walk it
+  const = lambda value: value if isinstance(value, UOp) else counter0.const_like(value & 0xFFFFFFFF)  # noqa: E731
+  keys = (const(key[0]), const(key[1]), const(key[0]) ^ const(key[1]) ^ const(_KEY_PARITY))
   x0, x1 = counter0 + keys[0], counter1 + keys[1]
   for group in range(5):
     for rotation in _ROTATIONS[group % 2]:
       x0 = x0 + x1
-      x1 = _rotate_left(x1, rotation) ^ x0
+      x1 = ((x1 << const(rotation)) | (x1 >> const(32 - rotation))) ^ x0
     x0 = x0 + keys[(group + 1) % 3]
-    x1 = x1 + ((keys[(group + 2) % 3] + group + 1) & 0xFFFFFFFF)
+    x1 = x1 + keys[(group + 2) % 3] + const(group + 1)
   return x0, x1
 
 
@@ -50,10 +64,13 @@ class RandomOps(TensorBase):
   @classmethod
   def _random_bits(cls, shape: tuple, device: str | None) -> tuple[Any, Any]:
     count = math.prod(shape)
-    key = (_Generator.seed, _Generator.draws)
-    _Generator.draws += 1
     # the bit mixing runs on UOps: shifts and rotations are integer ops the Tensor API need not expose
     counter = cls.arange(count, dtype=dtypes.uint32, device=device).uop
+    # the draw number is a kernel parameter, so every draw of a shape runs one compiled kernel (and a jit replay
+    # draws new numbers by rebinding it); the seed, which rarely changes, is a constant
+    draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, counter.device)
+    advance_draws(1)
+    key = (_Generator.seed, draw.cast(dtypes.uint32).reshape((1,)).expand((count,)))
     x0, x1 = threefry2x32(counter, counter.const_like(0), key)
     return cls(x0).reshape(shape), cls(x1).reshape(shape)
 

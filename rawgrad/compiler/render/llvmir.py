@@ -103,6 +103,11 @@ def kernel_symbol(name: str) -> str:
   return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
+def variable_slot_name(variable: UOp) -> str:
+  """The i64 parameter that carries a variable's argument slot."""
+  return f"%var_{kernel_symbol(variable.arg[0])}"
+
+
 class _FunctionWriter:
   def __init__(self, name: str, program: list[UOp], kind: str = "cpu"):
     self.name, self.program, self.kind = name, program, kind
@@ -138,7 +143,7 @@ class _FunctionWriter:
     shared = self.shared_globals()
     for instruction in self.program: self.instruction(instruction)
     signature = [f"ptr addrspace(1) noalias {self.names[p]}" for p in params]
-    signature += [f"i64 {self.names[v]}" for v in variables]
+    signature += [f"i64 {variable_slot_name(v)}" for v in variables]
     body = "\n".join(self.allocas + self.lines)
     declarations = "\n".join(sorted(self.declarations) + shared)
     if self.kind == "nv":
@@ -157,7 +162,11 @@ class _FunctionWriter:
   def name_parameters(self) -> tuple[list[UOp], list[UOp]]:
     params, variables = kernel_parameters(self.program)
     for param in params: self.names[param] = f"%data{param.arg}"
-    for variable in variables: self.names[variable] = f"%var_{kernel_symbol(variable.arg[0])}"
+    for variable in variables:
+      slot = self.names[variable] = variable_slot_name(variable)
+      if variable.dtype == dtypes.float64:  # a parameterized constant: its slot holds the float's bits
+        self.names[variable] = f"{slot}.value"
+        self.emit(f"{slot}.value = bitcast i64 {slot} to double")
     return params, variables
 
   def shared_globals(self) -> list[str]:
@@ -190,7 +199,7 @@ class _FunctionWriter:
     self.names.update({CORE: "%core", CORES: "%cores"})
     globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)
-    signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {self.names[v]}" for v in variables]
+    signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {variable_slot_name(v)}" for v in variables]
     signature += ["i64 %core", "i64 %cores"]
     # non-temporal stores are weakly ordered: make them visible before whoever waits for the kernel reads them
     fence = "\n  fence seq_cst" if self.streams else ""

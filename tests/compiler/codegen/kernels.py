@@ -14,6 +14,7 @@ from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
 from rawgrad.runtime.device import buffer_for
 from rawgrad.engine.realize import run_schedule
+from rawgrad.engine.runner import variable_slot
 from rawgrad.tensor import Tensor
 
 _compiler: LLVMCompiler | None = None
@@ -47,6 +48,7 @@ def run_item(item: ScheduleItem, opts: list[Opt] | None, cores: int = 1, slices:
   var_values = dict(item.var_values)
   used = sorted({u.arg for u in instructions if u.op is Ops.DEFINE_GLOBAL})
   variables = sorted({u for u in instructions if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-  kernargs = np.array([buffers[i].address for i in used] + [var_values[v] for v in variables] + [0], dtype=np.uint64)
+  slots = [buffers[i].address for i in used] + [variable_slot(v, var_values[v]) for v in variables]
+  kernargs = np.array(slots + [0], dtype=np.uint64)
   for core in (range(cores) if slices is None else slices): program(kernargs.ctypes.data, core, cores)
   return buffers[0].numpy()

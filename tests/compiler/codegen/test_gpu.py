@@ -19,6 +19,7 @@ from rawgrad.compiler.spec import SpecError
 from rawgrad.compiler.symbolic import evaluate
 from rawgrad.compiler.target import gpu_target, host_target
 from rawgrad.engine.realize import run_schedule
+from rawgrad.engine.runner import variable_slot
 from rawgrad.helpers import Context
 from rawgrad.runtime.device import buffer_for
 from rawgrad.compiler.codegen.linearize import kernel_parameters
@@ -44,7 +45,7 @@ def run_on(tensor: Tensor, arch: str, opts: list[Opt] | None = None) -> np.ndarr
   buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
   params, variables = kernel_parameters(lowered.program)
   values = dict(item.var_values)
-  args = [buffers[p.arg].address for p in params] + [values[v] for v in variables]
+  args = [buffers[p.arg].address for p in params] + [variable_slot(v, values[v]) for v in variables]
   grid = tuple(int(evaluate(s, values)) for s in lowered.global_size)
   block = tuple(int(evaluate(s, values)) for s in lowered.local_size)
   run_program(lowered.program, grid, block, args, host_memory)

@@ -30,20 +30,20 @@ def _has_ptxas() -> bool:
 def mnist_kernels() -> list:
   """The kernel ASTs of one MNIST training step (batch 4), recorded as the CPU runs it."""
   import rawgrad.tensor as tensor_module
-  recorded, original = [], tensor_module.create_schedule
+  recorded, original = [], tensor_module.cached_schedule
 
   def recording(outputs, on_kernel=None):
     schedule = original(outputs, on_kernel)
     recorded.extend(item.ast for item in schedule.items if item.ast.op.name != "COPY")
     return schedule
-  tensor_module.create_schedule = recording
+  tensor_module.cached_schedule = recording
   try:
     model = MnistCNN()
     step = make_train_step(model, Adam(__import__("rawgrad").nn.state.get_parameters(model), lr=1e-3))
     rng = np.random.default_rng(0)
     step(Tensor(rng.random((4, 1, 28, 28), dtype=np.float32)), Tensor(rng.integers(0, 10, 4).astype(np.int32)))
   finally:
-    tensor_module.create_schedule = original
+    tensor_module.cached_schedule = original
   kernels = list(dict.fromkeys(recorded))
   assert len(kernels) > 50
   return kernels

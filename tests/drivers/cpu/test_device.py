@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from rawgrad import Tensor
+from rawgrad.compiler.codegen.linearize import kernel_parameters
 from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.render.llvmir import kernel_symbol
 from rawgrad.drivers.cpu.device import ALIGNMENT, CPUDevice, host_allocation
+from rawgrad.engine.runner import variable_slot
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.hcq import COMPUTE, COPY, Command, HWQueue
 from tests.compiler.codegen.kernels import last_kernel
@@ -63,10 +65,14 @@ def test_a_kernel_launched_through_the_argument_ring(cpu: CPUDevice) -> None:
   kernel = cpu.program_class(cpu, kernel_symbol(item.ast.arg),
                              cpu.compiler.compile(cpu.renderer.render(item.ast.arg, lowered.program)))
   buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
-  assert cpu.launch(kernel, [b.address for b in buffers], (1, 1, 1), (1, 1, 1)) is None
+  # the constants 3 and -1: 3 is a parameter (its value travels in the argument block), -1 stays in the code
+  _, variables = kernel_parameters(lowered.program)
+  args = [b.address for b in buffers] + [variable_slot(v, dict(item.var_values)[v]) for v in variables]
+  assert [v.arg[0] for v in variables] == ["_c0"]
+  assert cpu.launch(kernel, args, (1, 1, 1), (1, 1, 1)) is None
   cpu.synchronize()
   np.testing.assert_array_equal(buffers[0].numpy(), x * 3 - 1)
-  start, end = cpu.launch(kernel, [b.address for b in buffers], (1, 1, 1), (1, 1, 1), timed=True)
+  start, end = cpu.launch(kernel, args, (1, 1, 1), (1, 1, 1), timed=True)
   assert 0 < start <= end
 
 

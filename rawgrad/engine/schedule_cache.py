@@ -1,0 +1,112 @@
+"""Schedules remembered by the shape of the graph, so a repeated eager computation skips the scheduler.
+
+Two realizes whose tensor graphs differ only in the buffers they read and in the values bound to variables (a random
+draw's number, a symbolic size) get the same kernels. The key is a digest of the graph's nodes in toposort order, each
+by op, dtype, argument and its sources' positions, with the holes left out: which buffer a BUFFER node names (its
+UNIQUE) and the value a BIND carries. A template keeps the first schedule with placeholders for the holes; a hit fills
+them from the new graph: its buffers at the same positions, fresh buffers for the ones the schedule creates, and the
+bound values its BIND nodes carry now.
+
+Nothing else the scheduler reads may differ between graphs of one key: its decisions depend on the graph alone.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable
+
+from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
+from rawgrad.compiler.rewrite import substitute
+from rawgrad.helpers import LRUCache, getenv, unique_id
+
+SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
+
+
+@dataclass(frozen=True)
+class _Template:
+  items: tuple[ScheduleItem, ...]          # buffers are placeholders; var_values hold the first graph's values
+  bound_at: tuple[tuple[tuple[UOp, int], ...], ...]  # per item: (variable, position of the BIND it takes its value)
+  inputs: tuple[tuple[int, UOp], ...]      # (position in the graph, placeholder) of each buffer the graph names
+  fresh: tuple[UOp, ...]                   # placeholders of the buffers the schedule creates
+  becomes: tuple[tuple[int, UOp], ...]     # (position of a node, its view in placeholders)
+
+
+_templates: LRUCache[bytes, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
+stats = {"hits": 0, "misses": 0}
+
+
+def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
+  """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before."""
+  if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
+  nodes = list(UOp.sink(*outputs).toposort)
+  key = _structure_key(nodes)
+  if key is None: return create_schedule(outputs, on_kernel)
+  if (template := _templates.get(key)) is not None:
+    stats["hits"] += 1
+    schedule = _fill(template, nodes)
+    if on_kernel is not None:
+      for item in schedule.items: on_kernel(item)
+    return schedule
+  stats["misses"] += 1
+  schedule = create_schedule(outputs, on_kernel)
+  if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
+  return schedule
+
+
+def _structure_key(nodes: list[UOp]) -> bytes | None:
+  """The digest of the graph with its holes left out; None where a bound value's node is also used as a value
+  elsewhere (its value would be both a hole and part of the shape)."""
+  position = {node: i for i, node in enumerate(nodes)}
+  bound_values = {node.src[1] for node in nodes if node.op is Ops.BIND}
+  parts = []
+  for node in nodes:
+    if node.op is Ops.UNIQUE or node in bound_values: arg = None
+    else: arg = node.arg
+    for i, source in enumerate(node.src):
+      if source in bound_values and not (node.op is Ops.BIND and i == 1): return None
+    parts.append((node.op.value, node.dtype, arg, node.tag, tuple(position[source] for source in node.src)))
+  return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
+
+
+def _placeholder(buffer: UOp) -> UOp:
+  return buffer.replace(src=(UOp(Ops.UNIQUE, arg=("placeholder", unique_id())), *buffer.src[1:]))
+
+
+def _make_template(schedule: Schedule, nodes: list[UOp]) -> _Template | None:
+  position = {node: i for i, node in enumerate(nodes)}
+  inputs = {node: _placeholder(node) for node in nodes if node.op is Ops.BUFFER}
+  fresh: dict[UOp, UOp] = {}
+  items, bound_at = [], []
+  for item in schedule.items:
+    for buffer in item.buffers:
+      if buffer not in inputs and buffer not in fresh: fresh[buffer] = _placeholder(buffer)
+    if any(bind not in position for _, bind in item.binds): return None
+    placeholders = {**inputs, **fresh}
+    items.append(ScheduleItem(item.ast, tuple(placeholders[b] for b in item.buffers), item.var_values, item.dims,
+                              item.operations))
+    bound_at.append(tuple((variable, position[bind]) for variable, bind in item.binds))
+  placeholders = {**inputs, **fresh}
+  becomes = []
+  for node, view in schedule.becomes_map.items():
+    if node not in position: continue  # a node of the cleaned graph only: no tensor holds it
+    # a view with a symbolic size (a BIND) is not kept: its value would be a hole too
+    if any(leaf not in placeholders for leaf in view.toposort if leaf.op in (Ops.BUFFER, Ops.BIND)): return None
+    becomes.append((position[node], substitute(view, placeholders)))
+  named = tuple((position[node], placeholder) for node, placeholder in inputs.items())
+  return _Template(tuple(items), tuple(bound_at), named, tuple(fresh.values()), tuple(becomes))
+
+
+def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
+  """The template's schedule for this graph: its buffers, fresh buffers for the created ones, its bound values."""
+  buffers = {placeholder: nodes[i] for i, placeholder in template.inputs}
+  for placeholder in template.fresh:
+    buffers[placeholder] = placeholder.replace(src=(UOp(Ops.UNIQUE, arg=unique_id()), *placeholder.src[1:]))
+  items = []
+  for item, bound_at in zip(template.items, template.bound_at):
+    values = dict(item.var_values)
+    for variable, i in bound_at: values[variable] = nodes[i].src[1].arg
+    items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), tuple(values.items()), item.dims,
+                              item.operations, tuple((variable, nodes[i]) for variable, i in bound_at)))
+  becomes = {nodes[i]: substitute(view, buffers) for i, view in template.becomes}
+  return Schedule(items, becomes)
