@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from rawgrad.dtype import DType, dtypes, least_upper_dtype
+from rawgrad.errors import ArgumentError, IndexOutOfRange, ShapeError
 from rawgrad.helpers import prod
 from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg
 
@@ -44,11 +45,11 @@ class ShapeOps(TensorBase):
     """Split dimension `dim` into `sizes` (one entry may be -1)."""
     axis, sizes = _axis(dim, self.ndim), tuple(sizes)
     size = self.shape[axis]
-    if sizes.count(-1) > 1: raise ValueError(f"unflatten sizes {sizes} have more than one -1")
+    if sizes.count(-1) > 1: raise ShapeError(f"unflatten sizes {sizes} have more than one -1")
     known = prod(s for s in sizes if s != -1)
     if -1 in sizes and known and size % known == 0: sizes = tuple(size // known if s == -1 else s for s in sizes)
     if prod(sizes) != size or any(s < 0 for s in sizes):
-      raise ValueError(f"unflatten sizes {sizes} do not multiply to {size}, the size of dim {dim} of {self.shape}")
+      raise ShapeError(f"unflatten sizes {sizes} do not multiply to {size}, the size of dim {dim} of {self.shape}")
     return self.reshape(*self.shape[:axis], *sizes, *self.shape[axis + 1:])
 
   def view_as(self, other: Tensor) -> Tensor:
@@ -88,10 +89,10 @@ class ShapeOps(TensorBase):
     axis = _axis(dim, self.ndim)
     size = self.shape[axis]
     if not -size <= start <= size:
-      raise IndexError(f"narrow start {start} is out of range for dim {dim} of size {size}")
+      raise IndexOutOfRange(f"narrow start {start} is out of range for dim {dim} of size {size}")
     start = start % size if start < 0 else start
     if length < 0 or start + length > size:
-      raise IndexError(f"narrow of length {length} from {start} does not fit dim {dim} of size {size}")
+      raise IndexOutOfRange(f"narrow of length {length} from {start} does not fit dim {dim} of size {size}")
     return self.shrink(tuple((start, start + length) if d == axis else None for d in range(self.ndim)))
 
   # *** repeating ***
@@ -100,8 +101,8 @@ class ShapeOps(TensorBase):
     """Tile the tensor `repeats[i]` times along dim i, as torch.Tensor.repeat (extra leading repeats add dims)."""
     repeats = shape_arg(repeats)
     if len(repeats) < self.ndim:
-      raise ValueError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {repeats}")
-    if any(r < 0 for r in repeats): raise ValueError(f"repeat counts must not be negative, got {repeats}")
+      raise ShapeError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {repeats}")
+    if any(r < 0 for r in repeats): raise ShapeError(f"repeat counts must not be negative, got {repeats}")
     shape = (1,) * (len(repeats) - self.ndim) + tuple(self.shape)
     # a new axis of size `count` before each old axis, broadcast, then merged with it
     spread = self.reshape(tuple(d for size in shape for d in (1, size)))
@@ -151,7 +152,7 @@ class ShapeOps(TensorBase):
     return self._triangle(diagonal, lower=False)
 
   def _triangle(self, diagonal: int, lower: bool) -> Tensor:
-    if self.ndim < 2: raise ValueError(f"tril/triu need at least 2 dimensions, got shape {self.shape}")
+    if self.ndim < 2: raise ShapeError(f"tril/triu need at least 2 dimensions, got shape {self.shape}")
     rows, cols = self.shape[-2:]
     row = type(self).arange(rows, device=self.device).reshape(rows, 1)
     col = type(self).arange(cols, device=self.device).reshape(1, cols)
@@ -162,9 +163,9 @@ class ShapeOps(TensorBase):
     """`value` where `mask` is True, else self; mask broadcasts to self's shape and the dtype stays self's."""
     if mask.dtype != dtypes.bool: raise TypeError(f"masked_fill needs a bool mask, got {mask.dtype}")
     if broadcast_shape(mask.shape, self.shape) != self.shape:
-      raise ValueError(f"masked_fill mask of shape {mask.shape} does not broadcast to the tensor's shape {self.shape}")
+      raise ShapeError(f"masked_fill mask of shape {mask.shape} does not broadcast to the tensor's shape {self.shape}")
     if isinstance(value, TensorBase):
-      if value.ndim != 0: raise ValueError(f"masked_fill value must be a 0-d tensor, got shape {value.shape}")
+      if value.ndim != 0: raise ShapeError(f"masked_fill value must be a 0-d tensor, got shape {value.shape}")
       fill = value.cast(self.dtype)
     else:
       fill = type(self)(value, self.device, self.dtype)
@@ -175,7 +176,7 @@ class ShapeOps(TensorBase):
     count is the maximum value + 1, which realizes the tensor to learn it."""
     _check_index_dtype(self, "one_hot")
     if num_classes == -1:
-      if self.numel() == 0: raise ValueError(f"one_hot cannot infer the number of classes of an empty {self.shape}")
+      if self.numel() == 0: raise ShapeError(f"one_hot cannot infer the number of classes of an empty {self.shape}")
       num_classes = int(self.max().item()) + 1
     return _one_hot_mask(self, num_classes).cast(dtypes.default_int)
 
@@ -189,7 +190,7 @@ class ShapeOps(TensorBase):
     shapes = [tuple(t.shape) for t in parts]
     if any(len(s) != len(shapes[0]) or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]
            for s in shapes):
-      raise ValueError(f"cat along dim {dim} needs equal sizes in the other dims, got shapes {shapes}")
+      raise ShapeError(f"cat along dim {dim} needs equal sizes in the other dims, got shapes {shapes}")
     _check_devices(parts, "cat")
     dtype = least_upper_dtype(*(t.dtype for t in parts))
     total = sum(s[axis] for s in shapes)
@@ -209,7 +210,7 @@ class ShapeOps(TensorBase):
     """Join equally shaped tensors along a new dim: Tensor.stack(a, b, dim=0), Tensor.stack([a, b], 0) or a.stack(b)."""
     parts, dim = _join_arguments(self, tensors, dim, "stack")
     shapes = [tuple(t.shape) for t in parts]
-    if any(s != shapes[0] for s in shapes): raise ValueError(f"stack needs tensors of equal shape, got {shapes}")
+    if any(s != shapes[0] for s in shapes): raise ShapeError(f"stack needs tensors of equal shape, got {shapes}")
     axis = _axis(dim, parts[0].ndim + 1)
     return parts[0].unsqueeze(axis).cat(*(t.unsqueeze(axis) for t in parts[1:]), dim=axis)
 
@@ -219,18 +220,18 @@ class ShapeOps(TensorBase):
     size = self.shape[axis]
     if isinstance(split_size_or_sections, int):
       step = split_size_or_sections
-      if step <= 0 and size: raise ValueError(f"split size must be positive, got {step}")
+      if step <= 0 and size: raise ArgumentError(f"split size must be positive, got {step}")
       sizes = [min(step, size - start) for start in range(0, size, step)] if size else [0]
     else:
       sizes = list(split_size_or_sections)
       if sum(sizes) != size or any(s < 0 for s in sizes):
-        raise ValueError(f"split sizes {sizes} do not sum to {size}, the size of dim {dim} of {self.shape}")
+        raise ShapeError(f"split sizes {sizes} do not sum to {size}, the size of dim {dim} of {self.shape}")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return tuple(self.narrow(axis, start, length) for start, length in zip(starts, sizes))
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """At most `chunks` pieces of equal size ceil(size / chunks) along `dim`, as torch.chunk."""
-    if chunks <= 0: raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+    if chunks <= 0: raise ArgumentError(f"chunk needs a positive number of chunks, got {chunks}")
     size = self.shape[_axis(dim, self.ndim)]
     if size == 0: return (self,) * chunks
     return self.split(math.ceil(size / chunks), dim)
@@ -244,13 +245,13 @@ class ShapeOps(TensorBase):
     first dim first, constant only."""
     pad = tuple(pad)
     if len(pad) % 2 or len(pad) > 2 * self.ndim:
-      raise ValueError(f"pad {pad} needs an even length of at most {2 * self.ndim} for shape {self.shape}")
+      raise ShapeError(f"pad {pad} needs an even length of at most {2 * self.ndim} for shape {self.shape}")
     if mode not in PAD_MODES: raise ValueError(f"pad mode {mode!r} is not one of {PAD_MODES}")
     if mode != "constant" and value != 0: raise ValueError(f"pad value {value} only applies to mode 'constant'")
     pairs = [(0, 0)] * (self.ndim - len(pad) // 2) + [(pad[i], pad[i + 1]) for i in range(len(pad) - 2, -1, -2)]
     for axis, (before, after) in enumerate(pairs):
       if self.shape[axis] + min(before, 0) + min(after, 0) < 0:
-        raise ValueError(f"pad {pad} crops more than the {self.shape[axis]} elements of dim {axis} of {self.shape}")
+        raise ShapeError(f"pad {pad} crops more than the {self.shape[axis]} elements of dim {axis} of {self.shape}")
     cropped = self.shrink(tuple((-min(before, 0), size + min(after, 0))
                                 for (before, after), size in zip(pairs, self.shape)))
     growth = [(max(before, 0), max(after, 0)) for before, after in pairs]
@@ -269,7 +270,7 @@ class ShapeOps(TensorBase):
     _check_index_dtype(index, "gather")
     axis = _axis(dim, self.ndim)
     if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
-      raise ValueError(f"gather index of shape {index.shape} must have the dims of {self.shape} and be no larger "
+      raise ShapeError(f"gather index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                        f"outside dim {dim}")
     bounds = tuple((0, s) if d == axis else (0, i) for d, (i, s) in enumerate(zip(index.shape, self.shape)))
     return _select_along(self.shrink(bounds), axis, index)
@@ -280,7 +281,7 @@ class ShapeOps(TensorBase):
     if dim is None: return self.flatten().gather(0, indices.flatten())
     axis = _axis(dim, self.ndim)
     if indices.ndim != self.ndim:
-      raise ValueError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
+      raise ShapeError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
     others = broadcast_shape(_without(self.shape, axis), _without(indices.shape, axis))
     source = self.expand(_inserted(others, axis, self.shape[axis]))
     return source.gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
@@ -288,7 +289,7 @@ class ShapeOps(TensorBase):
   def index_select(self, dim: int, index: Tensor) -> Tensor:
     """The entries at the 1-D (or 0-d) `index` along `dim`; that dim's size becomes len(index)."""
     _check_index_dtype(index, "index_select")
-    if index.ndim > 1: raise ValueError(f"index_select needs a 1-D index, got shape {index.shape}")
+    if index.ndim > 1: raise ShapeError(f"index_select needs a 1-D index, got shape {index.shape}")
     axis = _axis(dim, self.ndim)
     # the index along `axis` with size-1 dims elsewhere broadcasts against self in the one-hot selection
     return _select_along(self, axis, index.reshape(_with((1,) * self.ndim, axis, index.numel())))
@@ -350,7 +351,7 @@ class ShapeOps(TensorBase):
     if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
     consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
     if consumed > self.ndim:
-      raise IndexError(f"too many indices for a tensor of shape {self.shape}: {consumed} given")
+      raise IndexOutOfRange(f"too many indices for a tensor of shape {self.shape}: {consumed} given")
     if any(item is Ellipsis for item in items):
       at = next(i for i, item in enumerate(items) if item is Ellipsis)
       items[at:at + 1] = [slice(None)] * (self.ndim - consumed)
@@ -365,7 +366,8 @@ class ShapeOps(TensorBase):
       if isinstance(item, bool) or not isinstance(item, (int, slice)):
         raise TypeError(f"unsupported index {item!r}: use ints, slices, None or Ellipsis")
       if isinstance(item, int):
-        if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
+        if not -size <= item < size:
+          raise IndexOutOfRange(f"index {item} is out of bounds for dim {axis} with size {size}")
         result = result._slice_axis(axis, item % size, item % size + 1, 1)
       else:
         start, stop, step = item.indices(size)
@@ -490,11 +492,11 @@ def _select_along(source: Tensor, axis: int, index: Tensor) -> Tensor:
 def _scatter_source(self: Tensor, index: Tensor, src: Any, axis: int) -> Tensor:
   """src as a tensor of index's shape and self's dtype, after checking the shapes torch requires."""
   if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
-    raise ValueError(f"scatter index of shape {index.shape} must have the dims of {self.shape} and be no larger "
+    raise ShapeError(f"scatter index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                      f"outside dim {axis}")
   if not isinstance(src, TensorBase): return type(self).full(index.shape, src, self.dtype, self.device)
   if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
-    raise ValueError(f"scatter src of shape {src.shape} must have the dims of index {index.shape} and be no smaller")
+    raise ShapeError(f"scatter src of shape {src.shape} must have the dims of index {index.shape} and be no smaller")
   return src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
 
 
@@ -578,7 +580,7 @@ def _without_ellipsis(tensor: Tensor, items: list) -> list:
   # identity tests throughout: `in` and index() would compare tensors elementwise
   if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
   consumed = sum(_dims_consumed(item) for item in items)
-  if consumed > tensor.ndim: raise IndexError(f"too many indices for a tensor of shape {tensor.shape}: {consumed}")
+  if consumed > tensor.ndim: raise IndexOutOfRange(f"too many indices for a tensor of shape {tensor.shape}: {consumed}")
   at = next((i for i, item in enumerate(items) if item is Ellipsis), None)
   if at is None: return items
   return items[:at] + [slice(None)] * (tensor.ndim - consumed) + items[at + 1:]
@@ -625,7 +627,7 @@ def _static_int_index(item: _StaticIndex, tensor: Tensor, axis: int) -> Tensor:
   size = tensor.shape[axis]
   values = item.array.astype(np.int64)
   bad = values[(values < -size) | (values >= size)]
-  if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for dim {axis} with size {size}")
+  if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for dim {axis} with size {size}")
   return _int_index(values % max(size, 1), tensor)
 
 
@@ -685,7 +687,7 @@ def _einsum_letters(formula: str, operands: tuple) -> tuple[list[str], str]:
     extra = tensor.ndim - len(part.replace("...", ""))
     spelled.append(part.replace("...", ellipsis[len(ellipsis) - extra:]) if "..." in part else part)
     if len(spelled[-1]) != tensor.ndim:
-      raise ValueError(f"einsum subscripts {part!r} do not match operand of shape {tensor.shape}")
+      raise ShapeError(f"einsum subscripts {part!r} do not match operand of shape {tensor.shape}")
   if "->" not in formula:
     counts = {letter: "".join(spelled).count(letter) for letter in set("".join(spelled))}
     output = ellipsis + "".join(sorted(letter for letter, count in counts.items() if count == 1 and
@@ -720,7 +722,7 @@ def _einsum(formula: str, *operands: Any) -> Any:
     tensor, part = _take_diagonals(tensor, part)
     for letter, size in zip(part, tensor.shape):
       if sizes.setdefault(letter, size) != size and size != 1 and sizes[letter] != 1:
-        raise ValueError(f"einsum letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
+        raise ShapeError(f"einsum letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
       if sizes[letter] == 1: sizes[letter] = size
     present = [letter for letter in letters if letter in part]
     moved = tensor.permute([part.index(letter) for letter in present]) if present else tensor
@@ -768,13 +770,13 @@ def _interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: st
   if align_corners is not None and mode.startswith("nearest"):
     raise ValueError("align_corners only applies to the linear modes")
   spatial = self.ndim - 2
-  if spatial < 1: raise ValueError(f"interpolate needs (N, C, ...) input, got shape {self.shape}")
+  if spatial < 1: raise ShapeError(f"interpolate needs (N, C, ...) input, got shape {self.shape}")
   if (size is None) == (scale_factor is None): raise ValueError("interpolate needs exactly one of size, scale_factor")
   if size is None:
     factors = scale_factor if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * spatial
     size = [int(math.floor(s * f)) for s, f in zip(self.shape[2:], factors)]
   sizes = list(size) if isinstance(size, (list, tuple)) else [size] * spatial
-  if len(sizes) != spatial: raise ValueError(f"interpolate size {size} does not match {spatial} spatial axes")
+  if len(sizes) != spatial: raise ShapeError(f"interpolate size {size} does not match {spatial} spatial axes")
   result = self
   for axis, out_size in zip(range(2, self.ndim), sizes):
     if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)
