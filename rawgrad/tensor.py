@@ -19,6 +19,7 @@ from rawgrad.errors import ArgumentError, DTypeError, ShapeError
 from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
+from rawgrad.tensor_ops.bounds import mark_computed, pending_checks, raise_failed_checks
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
 from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, shape_arg
 from rawgrad.tensor_ops.nn import NNOps
@@ -227,17 +228,27 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
   def numpy(self) -> np.ndarray:
-    """A copy of the values on the host (waits for the device)."""
+    """A copy of the values on the host (waits for the device). Raises the errors deferred index checks found."""
     refuse_host_read("reading a tensor on the host (numpy/tolist/item)")
     if any(not isinstance(s, int) for s in self.shape):
       raise ValueError(f"cannot read a tensor with symbolic shape {self.shape} into numpy")
-    if buffer_base(self.uop) is None: self.realize()
+    self.realize()
     values = buffer_for(buffer_base(self.uop)).numpy()
+    raise_failed_checks()
     if self.dtype == dtypes.bfloat16: values = (values.astype(np.uint32) << 16).view(np.float32)
     return values.reshape(self.shape)
 
   def tolist(self) -> Any:
     return self.numpy().tolist()
+
+  @staticmethod
+  def synchronize() -> None:
+    """Wait until every device has run the work submitted to it, and raise the errors that deferred index checks
+    found (rawgrad/tensor_ops/bounds.py): torch.cuda.synchronize's place in a program."""
+    refuse_host_read("Tensor.synchronize")
+    realize_tensors([])
+    for device in Device.opened(): device.synchronize()
+    raise_failed_checks()
 
   def item(self) -> Any:
     if self.numel() != 1: raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
@@ -555,8 +566,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 # *** realizing ***
 
 def realize_tensors(tensors: list[Tensor]) -> None:
-  """Compute the given tensors into buffers; every live tensor that shared their graphs now reads the buffers."""
-  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
+  """Compute the given tensors into buffers, and the pending index checks with them; every live tensor that shared
+  their graphs now reads the buffers."""
+  checks = pending_checks()
+  outputs = [t.uop for t in [*tensors, *(check.extremes for check in checks)] if buffer_base(t.uop) is None]
   if not outputs: return
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
@@ -578,6 +591,7 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)
+  mark_computed(checks)
 
 
 def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:

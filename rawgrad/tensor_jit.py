@@ -18,6 +18,7 @@ from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturin
                                 stop_capture)
 from rawgrad.runtime.device import Buffer, _buffers, buffer_for
 from rawgrad.tensor import Tensor, all_tensors
+from rawgrad.tensor_ops.bounds import DeferredCheck, computed_count, computed_since, mark_computed
 
 __all__ = ["jit", "JitError"]
 
@@ -67,6 +68,7 @@ class jit:
     self.non_tensor_arguments: list[tuple[str, Any]] = []
     self.input_slots: list[list[tuple[int, int]]] = []   # per input: (item, buffer position) that read it
     self.result: Any = None
+    self.checks: list[DeferredCheck] = []   # the index checks the capture computes: read after every replay
     self.graph: CommandGraph | None = None
     functools.update_wrapper(self, function)
 
@@ -95,11 +97,13 @@ class jit:
     if len({id(b) for b in input_buffers}) != len(input_buffers):
       raise JitError(f"jit {self.function.__name__}: the same buffer is passed as two inputs; replay could not "
                      "swap them independently")
+    checks_before = computed_count()
     capture = start_capture()
     try:
       result = self._run_and_realize(args, kwargs)
     finally:
       stop_capture()
+    self.checks = computed_since(checks_before)
     if not capture.kernels: raise JitError(f"jit {self.function.__name__}: the function launched no kernels")
     outputs = [_buffer_of(t) for t in _tensors_in(result)]
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
@@ -144,6 +148,7 @@ class jit:
         if not hasattr(self.items[index], "dest"): self.items[index].buffers[position] = buffer
         self.graph.patch_buffer(index, position, buffer)
     self.graph.run()
+    mark_computed(self.checks)
     return self.result
 
 

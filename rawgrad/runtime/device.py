@@ -91,6 +91,10 @@ class _DeviceRegistry:
     driver = importlib.import_module(self._drivers[name.split(":")[0]])
     return driver.memory_bytes() if hasattr(driver, "memory_bytes") else None
 
+  def opened(self) -> list[Any]:
+    """The devices opened so far."""
+    return list(self._opened.values())
+
   def __getitem__(self, name: str) -> Any:
     name = self.canonicalize(name)
     if name not in self._opened:
@@ -155,6 +159,14 @@ class Buffer:
         self.copyin(memoryview(self._initial.reshape(-1).view(np.uint8)))
         self._initial = None
     return self
+
+  def host_values(self) -> np.ndarray | None:
+    """The contents, flat, if the host can read them without waiting for the device (data not uploaded yet, or
+    host-mapped memory of an idle device); None otherwise. The array may share memory with the buffer: read it at
+    once, never write it."""
+    if self._raw is None: return None if self._initial is None else self._initial.reshape(-1)
+    if self._raw.host is None or not self.hcq.idle: return None
+    return self._raw.host[:self.nbytes].view(dtypes.to_numpy(self.dtype))
 
   @property
   def raw(self) -> DeviceMemory:

@@ -19,6 +19,7 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
 from rawgrad.errors import ShapeError
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.bounds import check_index_values
 from rawgrad.tensor_ops.helpers import TensorBase
 
 if TYPE_CHECKING:
@@ -442,19 +443,22 @@ def _check_same_shape(name: str, x: Tensor, target: Tensor) -> None:
 # *** losses ***
 
 def _class_one_hot(target: Tensor, classes: int, axis: int) -> Tensor:
-  """A bool tensor that is True at target's class along a new axis `axis` (nowhere for out-of-range targets)."""
+  """A bool tensor that is True at target's class along a new axis `axis`."""
   shape = [1] * (target.ndim + 1)
   shape[axis] = classes
   arange = type(target).arange(classes, device=target.device).reshape(shape)
   return target.unsqueeze(axis) == arange
 
 
-def _check_class_target(name: str, x: Tensor, target: Tensor, axis: int) -> None:
+def _check_class_target(name: str, x: Tensor, target: Tensor, axis: int, ignore_index: int) -> None:
   if dtypes.is_float(target.dtype) or target.dtype == dtypes.bool:
     raise TypeError(f"{name}: class-index targets must be integers, got {target.dtype} (shape {target.shape})")
   expected = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
   if tuple(target.shape) != expected:
     raise ShapeError(f"{name}: target of shape {target.shape} does not match input {x.shape}: expected {expected}")
+  classes = x.shape[axis]
+  check_index_values(target, 0, classes, f"{name}: target {{value}} is out of bounds for {classes} classes",
+                     ignored=ignore_index)
 
 
 def _class_index_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
@@ -630,10 +634,12 @@ class NNOps(TensorBase):
 
   def embedding(self: Tensor, weight: Tensor) -> Tensor:
     """Rows of weight (num_embeddings, dim) at the integer indices in self: shape (*self.shape, dim). Indices outside
-    [0, num_embeddings) give rows of zeros."""
+    [0, num_embeddings) raise IndexOutOfRange (tensor_ops/bounds.py)."""
     if dtypes.is_float(self.dtype) or self.dtype == dtypes.bool:
       raise TypeError(f"embedding: indices must be integers, got {self.dtype} (shape {self.shape})")
     if weight.ndim != 2: raise ShapeError(f"embedding: weight must be 2-D, got shape {weight.shape}")
+    rows = weight.shape[0]
+    check_index_values(self, 0, rows, f"embedding: index {{value}} is out of range for {rows} embeddings")
     picked = _class_one_hot(self, weight.shape[0], -1).unsqueeze(-1)  # (..., num_embeddings, 1)
     return picked.where(weight, 0).sum(-2)
 
@@ -676,7 +682,7 @@ class NNOps(TensorBase):
       if tuple(target.shape) != tuple(self.shape):
         raise ShapeError(f"cross_entropy: probability target of shape {target.shape} does not match input {self.shape}")
       return _probability_loss(log_probs, target, weight, reduction, label_smoothing, axis)
-    _check_class_target("cross_entropy", self, target, axis)
+    _check_class_target("cross_entropy", self, target, axis, ignore_index)
     return _class_index_loss(log_probs, target, weight, ignore_index, reduction, label_smoothing, axis)
 
   def nll_loss(self: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
@@ -686,7 +692,7 @@ class NNOps(TensorBase):
     if self.ndim == 0: raise ValueError("nll_loss: input must have a class axis, got a 0-d tensor")
     axis = 0 if self.ndim == 1 else 1
     _check_channels("nll_loss", "weight", weight, self.shape[axis])
-    _check_class_target("nll_loss", self, target, axis)
+    _check_class_target("nll_loss", self, target, axis, ignore_index)
     return _class_index_loss(_float(self), target, weight, ignore_index, reduction, 0.0, axis)
 
   def sparse_categorical_crossentropy(self: Tensor, target: Tensor, ignore_index: int = -1,
@@ -696,7 +702,7 @@ class NNOps(TensorBase):
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     if self.ndim == 0: raise ValueError("sparse_categorical_crossentropy: input needs a class axis, got a 0-d tensor")
-    _check_class_target("sparse_categorical_crossentropy", self, target, self.ndim - 1)
+    _check_class_target("sparse_categorical_crossentropy", self, target, self.ndim - 1, ignore_index)
     log_probs = _log_softmax(_float(self), -1)
     return _class_index_loss(log_probs, target, None, ignore_index, reduction, label_smoothing, self.ndim - 1)
 

@@ -5,8 +5,8 @@ built from the core movement, elementwise and reduce operations, so it stays laz
 
 Reading at data-dependent positions (gather, scatter, index tensors) has no primitive of its own: it is written as a
 one-hot comparison of the index against an arange over the indexed axis, summed over that axis. That costs
-O(output * axis size) work but stays one fused kernel with simple index arithmetic. Index values out of range select
-nothing (they give 0) because lazy values cannot be checked; static indices (Python ints, lists) raise IndexError.
+O(output * axis size) work but stays one fused kernel with simple index arithmetic. Index values out of range raise
+IndexOutOfRange: at once where the host has them, else at the next host read (tensor_ops/bounds.py).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 from rawgrad.dtype import DType, dtypes, least_upper_dtype
 from rawgrad.errors import ArgumentError, IndexOutOfRange, ShapeError
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.bounds import check_index_values
 from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg
 
 if TYPE_CHECKING:
@@ -178,6 +179,7 @@ class ShapeOps(TensorBase):
     if num_classes == -1:
       if self.numel() == 0: raise ShapeError(f"one_hot cannot infer the number of classes of an empty {self.shape}")
       num_classes = int(self.max().item()) + 1
+    check_index_values(self, 0, num_classes, f"one_hot: class {{value}} is out of range for num_classes={num_classes}")
     return _one_hot_mask(self, num_classes).cast(dtypes.default_int)
 
   # *** joining and splitting ***
@@ -272,25 +274,33 @@ class ShapeOps(TensorBase):
     if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
       raise ShapeError(f"gather index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                        f"outside dim {dim}")
+    _check_index_along(index, axis, self.shape[axis], "gather")
+    return self._gather(axis, index)
+
+  def _gather(self, axis: int, index: Tensor) -> Tensor:
     bounds = tuple((0, s) if d == axis else (0, i) for d, (i, s) in enumerate(zip(index.shape, self.shape)))
     return _select_along(self.shrink(bounds), axis, index)
 
   def take_along_dim(self, indices: Tensor, dim: int | None = None) -> Tensor:
-    """Gather along `dim` after broadcasting self and indices in the other dims (of both flattened if dim is None)."""
+    """Gather along `dim` after broadcasting self and indices in the other dims (of both flattened if dim is None).
+    Negative indices count from the end, as in torch."""
     _check_index_dtype(indices, "take_along_dim")
-    if dim is None: return self.flatten().gather(0, indices.flatten())
+    if dim is None: return self.flatten().take_along_dim(indices.flatten(), 0)
     axis = _axis(dim, self.ndim)
     if indices.ndim != self.ndim:
       raise ShapeError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
+    _check_index_along(indices, axis, self.shape[axis], "take_along_dim", negative=True)
+    indices = (indices < 0).where(indices + self.shape[axis], indices)
     others = broadcast_shape(_without(self.shape, axis), _without(indices.shape, axis))
     source = self.expand(_inserted(others, axis, self.shape[axis]))
-    return source.gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
+    return source._gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
 
   def index_select(self, dim: int, index: Tensor) -> Tensor:
     """The entries at the 1-D (or 0-d) `index` along `dim`; that dim's size becomes len(index)."""
     _check_index_dtype(index, "index_select")
     if index.ndim > 1: raise ShapeError(f"index_select needs a 1-D index, got shape {index.shape}")
     axis = _axis(dim, self.ndim)
+    _check_index_along(index, axis, self.shape[axis], "index_select")
     # the index along `axis` with size-1 dims elsewhere broadcasts against self in the one-hot selection
     return _select_along(self, axis, index.reshape(_with((1,) * self.ndim, axis, index.numel())))
 
@@ -317,6 +327,7 @@ class ShapeOps(TensorBase):
     axis = _axis(dim, self.ndim)
     source = _scatter_source(self, index, src, axis)
     size = self.shape[axis]
+    _check_index_along(index, axis, size, "scatter")
     # hits[..., i, ..., p]: does index[..., i, ...] send its value to position p of dim `axis`?
     hits = _one_hot_mask(index, size)
     written = _scatter_combine(hits, source, axis, reduce)
@@ -443,6 +454,13 @@ def _join_arguments(first: Any, rest: tuple, dim: int, what: str) -> tuple[list[
 def _check_devices(tensors: list[Tensor], what: str) -> None:
   devices = sorted({t.device for t in tensors})
   if len(devices) > 1: raise RuntimeError(f"{what} needs tensors on one device, got {devices}")
+
+
+def _check_index_along(index: Tensor, axis: int, size: int, what: str, negative: bool = False) -> None:
+  """Index values along dim `axis` of `size` must lie in [0, size), or in [-size, size) where negative ones count from
+  the end."""
+  message = f"{what}: index {{value}} is out of bounds for dim {axis} with size {size}"
+  check_index_values(index, -size if negative else 0, size, message)
 
 
 def _check_index_dtype(index: Any, what: str) -> None:
@@ -599,7 +617,10 @@ def _index_entry(item: Any, tensor: Tensor, axis: int) -> tuple[list, list[tuple
   if (mask := _host_mask(item, tensor, axis)) is not None:
     positions = [_int_index(p, tensor) for p in np.nonzero(mask)]
     return [slice(None)] * mask.ndim, [(offset, p, True) for offset, p in enumerate(positions)], mask.ndim
-  index = _static_int_index(item, tensor, axis) if isinstance(item, _StaticIndex) else item
+  if isinstance(item, _StaticIndex): index = _static_int_index(item, tensor, axis)
+  else:
+    index = item
+    _check_index_along(index, axis, tensor.shape[axis], "indexing", negative=True)
   return [slice(None)], [(0, index, index.ndim > 0)], 1
 
 
@@ -777,6 +798,9 @@ def _interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: st
     size = [int(math.floor(s * f)) for s, f in zip(self.shape[2:], factors)]
   sizes = list(size) if isinstance(size, (list, tuple)) else [size] * spatial
   if len(sizes) != spatial: raise ShapeError(f"interpolate size {size} does not match {spatial} spatial axes")
+  if any(s <= 0 for s in sizes) or any(s == 0 for s in self.shape[2:]):
+    raise ShapeError(f"interpolate needs input and output sizes greater than 0, got input {tuple(self.shape[2:])} "
+                     f"and output {tuple(sizes)}")
   result = self
   for axis, out_size in zip(range(2, self.ndim), sizes):
     if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)
