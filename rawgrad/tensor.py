@@ -19,7 +19,7 @@ from rawgrad.errors import ArgumentError, DTypeError, ShapeError
 from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
-from rawgrad.tensor_ops.bounds import mark_computed, pending_checks, raise_failed_checks
+from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
 from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, shape_arg
 from rawgrad.tensor_ops.nn import NNOps
@@ -568,7 +568,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 def realize_tensors(tensors: list[Tensor]) -> None:
   """Compute the given tensors into buffers, and the pending index checks with them; every live tensor that shared
   their graphs now reads the buffers."""
-  checks = pending_checks()
+  checks = take_pending()
   outputs = [t.uop for t in [*tensors, *(check.extremes for check in checks)] if buffer_base(t.uop) is None]
   if not outputs: return
   with KernelCompiler() as compiler:

@@ -10,7 +10,7 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
-from rawgrad.errors import OutOfMemoryError
+from rawgrad.errors import ArgumentError, OutOfMemoryError
 from rawgrad.helpers import GlobalCounters, getenv
 from rawgrad.runtime.hcq import DeviceMemory
 
@@ -80,7 +80,7 @@ class _DeviceRegistry:
     if not isinstance(name, str): raise TypeError(f"a device name is a string like 'CPU', not {name!r}")
     base = name.split(":")[0].upper()
     if base not in self._drivers:
-      raise ValueError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
+      raise ArgumentError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
     return base + name[len(base):]
 
   def memory_bytes(self, name: str) -> int | None:

@@ -62,16 +62,16 @@ def _host_values(index: Any) -> np.ndarray | None:
   return None if base is None else buffer_for(base).host_values()
 
 
-def pending_checks() -> list[DeferredCheck]:
-  """The checks the next realize computes."""
-  return list(_pending)
+def take_pending() -> list[DeferredCheck]:
+  """The checks for the realize about to run to compute; if it fails, they are dropped with it."""
+  checks = list(_pending)
+  _pending.clear()
+  return checks
 
 
 def mark_computed(checks: list[DeferredCheck]) -> None:
-  """`checks` were realized (their kernels launched): they are read at the next host read."""
-  for check in checks:
-    if check in _pending: _pending.remove(check)
-    _computed.append(check)
+  """`checks` were realized (their kernels launched), or run again by a jit replay: the next host read reads them."""
+  _computed.extend(checks)
 
 
 def computed_count() -> int:
