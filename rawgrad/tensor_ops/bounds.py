@@ -84,8 +84,9 @@ def computed_since(count: int) -> list[DeferredCheck]:
 
 
 def raise_failed_checks() -> None:
-  """Read every computed check (each read waits for the device: call this where the host waits anyway) and raise
-  IndexOutOfRange for the first whose values were out of range. Every check is read once."""
+  """Read the computed checks (each read waits for the device: call this where the host waits anyway) and raise
+  IndexOutOfRange for the first whose values were out of range; the checks after it are dropped with it, so an
+  error is raised once."""
   checks = list(_computed)
   _computed.clear()
   for check in checks:

@@ -338,3 +338,14 @@ def test_every_creation_function_takes_requires_grad(make: Callable[[], Tensor])
   assert parameter.requires_grad is True
   (parameter * 3).sum().backward()
   np.testing.assert_allclose(parameter.grad.numpy(), np.full(parameter.shape, 3.0))
+
+
+def test_layers_take_dtype_names() -> None:
+  assert nn.LayerNorm(3, dtype="float16").weight.dtype == dtypes.float16
+  assert nn.BatchNorm(3, dtype=np.float64).running_mean.dtype == dtypes.float64
+
+
+def test_an_optimizer_leaves_integer_tensors_out_of_its_parameters() -> None:
+  weight, steps = Tensor([1.0, 2.0]), Tensor([0, 0])
+  optimizer = nn.optim.SGD([weight, steps], lr=0.1)
+  assert optimizer.params == [weight] and optimizer.buffers == [steps] and steps.requires_grad is False
