@@ -10,7 +10,8 @@ from typing import Any
 
 _PUBLIC = {"Context": "rawgrad.helpers", "Device": "rawgrad.runtime.device", "GlobalCounters": "rawgrad.helpers",
            "Tensor": "rawgrad.tensor", "Variable": "rawgrad.compiler.symbolic", "dtypes": "rawgrad.dtype",
-           "jit": "rawgrad.tensor_jit"}
+           "jit": "rawgrad.tensor_jit", "ArgumentError": "rawgrad.errors", "DTypeError": "rawgrad.errors",
+           "IndexOutOfRange": "rawgrad.errors", "OutOfMemoryError": "rawgrad.errors", "ShapeError": "rawgrad.errors"}
 
 __all__ = sorted(_PUBLIC)
 

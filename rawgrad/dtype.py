@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from rawgrad.errors import DTypeError
+
 
 @dataclass(frozen=True, eq=True)
 class DType:
@@ -180,6 +182,23 @@ class dtypes:
     if name not in _BY_NAME:
       raise ValueError(f"unknown dtype name {name!r}; known: {sorted(_BY_NAME)}")
     return _BY_NAME[name]
+
+
+def to_dtype(value: Any) -> DType:
+  """A dtype argument as a DType: a rawgrad dtype, a name (rawgrad's first, so 'float' is float32 as torch.float is,
+  then numpy's), or anything numpy takes as a dtype (np.float32, np.dtype('int64'), Python's float and int). Anything
+  else raises here, where it was given, rather than deep inside the scheduler."""
+  if isinstance(value, str) and isinstance(getattr(dtypes, value, None), DType): value = getattr(dtypes, value)
+  if isinstance(value, DType):
+    if value.count != 1 or value.kind == "void": raise DTypeError(f"{value!r} is not a dtype a tensor can hold")
+    return value
+  if value is not None:  # numpy reads None as float64
+    try:
+      return dtypes.from_numpy(np.dtype(value))
+    except TypeError:
+      pass
+  raise DTypeError(f"dtype {value!r} is not a dtype: give a rawgrad dtype (dtypes.float32), a numpy dtype or a name "
+                   f"such as 'float32'")
 
 
 SCALAR_DTYPES: tuple[DType, ...] = (dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32,

@@ -12,15 +12,17 @@ from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype
+from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from rawgrad.engine.jit import refuse_host_read
 from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
+from rawgrad.errors import ArgumentError, DTypeError, ShapeError
 from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
+from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
-from rawgrad.tensor_ops.helpers import broadcast_shape, reduce_axes, resolve_axis, shape_arg
+from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, shape_arg
 from rawgrad.tensor_ops.nn import NNOps
 from rawgrad.tensor_ops.random import RandomOps
 from rawgrad.tensor_ops.reduce import ReduceOps
@@ -60,11 +62,12 @@ def _flat(data: Any) -> list:
 class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   """A lazily evaluated n-dimensional array. The core operations live here; the rest, built from them, in the
   mixins of rawgrad/tensor_ops/."""
-  __slots__ = ("uop", "requires_grad", "grad", "__weakref__")
+  __slots__ = ("uop", "_requires_grad", "grad", "__weakref__")
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
                requires_grad: bool | None = None):
     device = _canonical_device(device)
+    dtype = None if dtype is None else to_dtype(dtype)
     if isinstance(data, UOp): uop = data
     elif isinstance(data, Tensor): uop = data.uop if dtype is None else data.uop.cast(dtype)
     elif isinstance(data, np.ndarray): uop = _from_numpy(data, device, dtype)
@@ -87,6 +90,17 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     all_tensors.add(self)
 
   # *** properties ***
+
+  @property
+  def requires_grad(self) -> bool | None:
+    """Whether backward() accumulates a gradient into this tensor's .grad (None: not decided, as for a new tensor)."""
+    return self._requires_grad
+
+  @requires_grad.setter
+  def requires_grad(self, value: bool | None) -> None:
+    if value and not dtypes.is_float(self.dtype):
+      raise DTypeError(f"only float tensors can require gradients, got a {self.dtype!r} tensor of shape {self.shape}")
+    self._requires_grad = value
 
   @property
   def shape(self) -> tuple[sint, ...]:
@@ -120,59 +134,69 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   # *** creation ***
 
   @staticmethod
-  def empty(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor(_buffer_uop(shape_arg(shape), dtype or dtypes.default_float, _canonical_device(device)))
+  def empty(*shape: Any, dtype: DType | None = None, device: str | None = None,
+            requires_grad: bool | None = None) -> Tensor:
+    dtype, device = _dtype_or(dtype, dtypes.default_float), _canonical_device(device)
+    return Tensor(_buffer_uop(creation_shape(shape, dtype, device), dtype, device), requires_grad=requires_grad)
 
   @staticmethod
-  def full(shape: Any, fill_value: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    shape = shape_arg((shape,) if isinstance(shape, int) else tuple(shape))
-    dtype = dtype or dtypes.from_py(fill_value)
+  def full(shape: Any, fill_value: Any, dtype: DType | None = None, device: str | None = None,
+           requires_grad: bool | None = None) -> Tensor:
+    dtype, device = _dtype_or(dtype, dtypes.from_py(fill_value)), _canonical_device(device)
+    shape = creation_shape((shape,), dtype, device)
     const = Tensor(fill_value, device=device, dtype=dtype)
-    return const.reshape((1,) * len(shape)).expand(shape)
+    return _requiring_grad(const.reshape((1,) * len(shape)).expand(shape), requires_grad)
 
   @staticmethod
-  def zeros(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor.full(shape_arg(shape), 0, dtype or dtypes.default_float, device)
+  def zeros(*shape: Any, dtype: DType | None = None, device: str | None = None,
+            requires_grad: bool | None = None) -> Tensor:
+    return Tensor.full(shape_arg(shape), 0, dtype or dtypes.default_float, device, requires_grad)
 
   @staticmethod
-  def ones(*shape: Any, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    return Tensor.full(shape_arg(shape), 1, dtype or dtypes.default_float, device)
+  def ones(*shape: Any, dtype: DType | None = None, device: str | None = None,
+           requires_grad: bool | None = None) -> Tensor:
+    return Tensor.full(shape_arg(shape), 1, dtype or dtypes.default_float, device, requires_grad)
 
   @staticmethod
   def arange(start: int | float, stop: int | float | None = None, step: int | float = 1, dtype: DType | None = None,
-             device: str | None = None) -> Tensor:
+             device: str | None = None, requires_grad: bool | None = None) -> Tensor:
     if stop is None: start, stop = 0, start
-    if step == 0: raise ValueError("arange step must not be zero")
+    if step == 0: raise ArgumentError(f"arange step must not be zero (start {start}, stop {stop})")
     count = max(0, math.ceil((stop - start) / step))
-    dtype = dtype or (dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step))
+    dtype = _dtype_or(dtype, dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step))
                       else dtypes.default_int)
-    index = Tensor(UOp(Ops.IOTA, dtypes.int32, (_device_node(_canonical_device(device)), UOp.const(dtypes.index,
-                                                                                                   count))))
-    return (index.cast(dtype) * step + start).cast(dtype)
+    device = _canonical_device(device)
+    creation_shape((count,), dtype, device)
+    index = Tensor(UOp(Ops.IOTA, dtypes.int32, (_device_node(device), UOp.const(dtypes.index, count))))
+    return _requiring_grad((index.cast(dtype) * step + start).cast(dtype), requires_grad)
 
   @staticmethod
-  def linspace(start: float, end: float, steps: int, dtype: DType | None = None, device: str | None = None) -> Tensor:
-    if steps < 0: raise ValueError(f"linspace needs a non-negative number of steps, got {steps}")
-    dtype = dtype or dtypes.default_float
-    if steps == 1: return Tensor.full((1,), start, dtype, device)
+  def linspace(start: float, end: float, steps: int, dtype: DType | None = None, device: str | None = None,
+               requires_grad: bool | None = None) -> Tensor:
+    if steps < 0: raise ArgumentError(f"linspace needs a non-negative number of steps, got {steps}")
+    dtype = _dtype_or(dtype, dtypes.default_float)
+    if steps == 1: return Tensor.full((1,), start, dtype, device, requires_grad)
     step = (end - start) / (steps - 1) if steps > 1 else 0.0
-    return (Tensor.arange(steps, dtype=dtypes.float64 if dtype == dtypes.float64 else dtypes.float32,
-                          device=device) * step + start).cast(dtype)
+    points = Tensor.arange(steps, dtype=dtypes.float64 if dtype == dtypes.float64 else dtypes.float32, device=device)
+    return _requiring_grad((points * step + start).cast(dtype), requires_grad)
 
   @staticmethod
-  def eye(n: int, m: int | None = None, dtype: DType | None = None, device: str | None = None) -> Tensor:
+  def eye(n: int, m: int | None = None, dtype: DType | None = None, device: str | None = None,
+          requires_grad: bool | None = None) -> Tensor:
     m = n if m is None else m
+    dtype = _dtype_or(dtype, dtypes.default_float)
+    creation_shape((n, m), dtype, _canonical_device(device))
     rows = Tensor.arange(n, device=device).reshape(n, 1)
-    return (rows == Tensor.arange(m, device=device).reshape(1, m)).cast(dtype or dtypes.default_float)
+    return _requiring_grad((rows == Tensor.arange(m, device=device).reshape(1, m)).cast(dtype), requires_grad)
 
-  def full_like(self, fill_value: Any, dtype: DType | None = None) -> Tensor:
-    return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device)
+  def full_like(self, fill_value: Any, dtype: DType | None = None, requires_grad: bool | None = None) -> Tensor:
+    return Tensor.full(self.shape, fill_value, dtype or self.dtype, self.device, requires_grad)
 
-  def zeros_like(self, dtype: DType | None = None) -> Tensor:
-    return self.full_like(0, dtype)
+  def zeros_like(self, dtype: DType | None = None, requires_grad: bool | None = None) -> Tensor:
+    return self.full_like(0, dtype, requires_grad)
 
-  def ones_like(self, dtype: DType | None = None) -> Tensor:
-    return self.full_like(1, dtype)
+  def ones_like(self, dtype: DType | None = None, requires_grad: bool | None = None) -> Tensor:
+    return self.full_like(1, dtype, requires_grad)
 
   # *** realizing and reading ***
 
@@ -205,20 +229,30 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(UOp(Ops.CONTIGUOUS, self.dtype, (self.uop,)))
 
   def numpy(self) -> np.ndarray:
-    """A copy of the values on the host (waits for the device)."""
+    """A copy of the values on the host (waits for the device). Raises the errors deferred index checks found."""
     refuse_host_read("reading a tensor on the host (numpy/tolist/item)")
     if any(not isinstance(s, int) for s in self.shape):
       raise ValueError(f"cannot read a tensor with symbolic shape {self.shape} into numpy")
-    if buffer_base(self.uop) is None: self.realize()
+    self.realize()
     values = buffer_for(buffer_base(self.uop)).numpy()
+    raise_failed_checks()
     if self.dtype == dtypes.bfloat16: values = (values.astype(np.uint32) << 16).view(np.float32)
     return values.reshape(self.shape)
 
   def tolist(self) -> Any:
     return self.numpy().tolist()
 
+  @staticmethod
+  def synchronize() -> None:
+    """Wait until every device has run the work submitted to it, and raise the errors that deferred index checks
+    found (rawgrad/tensor_ops/bounds.py): torch.cuda.synchronize's place in a program."""
+    refuse_host_read("Tensor.synchronize")
+    realize_tensors([])
+    for device in Device.opened(): device.synchronize()
+    raise_failed_checks()
+
   def item(self) -> Any:
-    if self.numel() != 1: raise ValueError(f"item() needs a tensor with one element, got shape {self.shape}")
+    if self.numel() != 1: raise ShapeError(f"item() needs a tensor with one element, got shape {self.shape}")
     return self.numpy().reshape(()).item()
 
   # *** autograd ***
@@ -241,10 +275,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def gradient(self, *targets: Tensor, gradient: Tensor | None = None) -> list[Tensor]:
     """d(self)/d(target) for each target, as new lazy tensors (zeros where self does not depend on a target)."""
     if gradient is None:
-      if self.numel() != 1: raise ValueError(f"gradient of a non-scalar tensor of shape {self.shape} needs `gradient`")
+      if self.numel() != 1: raise ShapeError(f"gradient of a non-scalar tensor of shape {self.shape} needs `gradient`")
       gradient = Tensor.ones(*self.shape, dtype=self.dtype, device=self.device)
     if gradient.shape != self.shape:
-      raise ValueError(f"gradient has shape {gradient.shape}, but the tensor has shape {self.shape}")
+      raise ShapeError(f"gradient has shape {gradient.shape}, but the tensor has shape {self.shape}")
     grads = compute_gradient(self.uop, gradient.cast(self.dtype).uop, {t.uop for t in targets})
     return [Tensor(grads[t.uop]).cast(t.dtype) if t.uop in grads else t.zeros_like() for t in targets]
 
@@ -287,9 +321,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def expand(self, *shape: Any) -> Tensor:
     shape = shape_arg(shape)
-    if len(shape) < self.ndim: raise ValueError(f"cannot expand {self.shape} to fewer dimensions {shape}")
+    if len(shape) < self.ndim: raise ShapeError(f"cannot expand {self.shape} to fewer dimensions {shape}")
     shape = tuple(old if new == -1 else new for old, new in zip((None,) * (len(shape) - self.ndim) + self.shape, shape))
-    if None in shape: raise ValueError(f"-1 is not allowed for new leading dimensions in expand to {shape}")
+    if None in shape: raise ShapeError(f"-1 is not allowed for new leading dimensions in expand to {shape}")
     broadcast_shape(self.shape, shape)  # names the shapes when they do not broadcast
     return Tensor(self.uop.reshape((1,) * (len(shape) - self.ndim) + tuple(self.shape)).expand(shape))
 
@@ -307,6 +341,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(value, self.device, self.dtype)._broadcast_to(self.shape)
 
   def cast(self, dtype: DType) -> Tensor:
+    dtype = to_dtype(dtype)
     if dtype == self.dtype: return self
     if dtype == dtypes.bool and self.dtype != dtypes.bool: return self != 0
     return Tensor(self.uop.cast(dtype))
@@ -394,11 +429,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def reshape(self, *shape: Any) -> Tensor:
     shape = shape_arg(shape)
-    if shape.count(-1) > 1: raise ValueError(f"only one dimension can be -1 in reshape to {shape}")
+    if shape.count(-1) > 1: raise ShapeError(f"only one dimension can be -1 in reshape to {shape}")
     if -1 in shape:
       known = prod(s for s in shape if s != -1)
       if known == 0 or self.numel() % known != 0:
-        raise ValueError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
+        raise ShapeError(f"cannot reshape {self.shape} ({self.numel()} elements) to {shape}")
       shape = tuple(self.numel() // known if s == -1 else s for s in shape)
     return Tensor(self.uop.reshape(shape))
 
@@ -408,14 +443,14 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def permute(self, *order: Any) -> Tensor:
     order = shape_arg(order)
     if len(order) != self.ndim:
-      raise ValueError(f"permute order {order} has {len(order)} axes, but the tensor has shape {self.shape}")
+      raise ShapeError(f"permute order {order} has {len(order)} axes, but the tensor has shape {self.shape}")
     return Tensor(self.uop.permute(tuple(resolve_axis(axis, self.ndim) for axis in order)))
 
   def pad(self, padding: Sequence[tuple[int, int]], value: float = 0.0) -> Tensor:
     """Pad each axis by (before, after) elements of `value`: one pair per axis, first axis first."""
     padding = tuple(tuple(p) for p in padding)
     if len(padding) != self.ndim:
-      raise ValueError(f"pad needs {self.ndim} (before, after) pairs for shape {self.shape}, got {padding}")
+      raise ShapeError(f"pad needs {self.ndim} (before, after) pairs for shape {self.shape}, got {padding}")
     padded = Tensor(self.uop.pad(padding))
     if value == 0: return padded
     inside = Tensor(self.full_like(True, dtypes.bool).uop.pad(padding))
@@ -423,7 +458,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def shrink(self, bounds: Sequence[tuple[int, int] | None]) -> Tensor:
     bounds = tuple((0, size) if b is None else tuple(b) for b, size in zip(bounds, self.shape))
-    if len(bounds) != self.ndim: raise ValueError(f"shrink needs {self.ndim} bounds for shape {self.shape}")
+    if len(bounds) != self.ndim: raise ShapeError(f"shrink needs {self.ndim} bounds for shape {self.shape}")
     return Tensor(self.uop.shrink(bounds))
 
   def flip(self, *axes: Any) -> Tensor:
@@ -478,12 +513,17 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.ADD, axis, keepdim)
 
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
-    axes = reduce_axes(axis, self.ndim)
-    if self.ndim and any(self.shape[a] == 0 for a in axes):
-      raise ValueError(f"max over an empty axis of shape {self.shape} has no identity (axis={axis})")
+    self._check_not_empty("max", axis)
     return self._reduce(Ops.MAX, axis, keepdim)
 
+  def _check_not_empty(self, name: str, axis: int | Sequence[int] | None) -> None:
+    """max, min and their arg- forms have no identity: reducing an empty axis has no answer."""
+    axes = reduce_axes(axis, self.ndim)
+    if self.ndim and any(self.shape[a] == 0 for a in axes):
+      raise ShapeError(f"{name} over an empty axis of shape {self.shape} has no identity (axis={axis})")
+
   def min(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
+    self._check_not_empty("min", axis)
     if not dtypes.is_float(self.dtype):
       # x ^ all-ones reverses the order of integers (and bools) without overflow, so min is a max in between
       return self._invert_order().max(axis, keepdim)._invert_order()
@@ -504,15 +544,15 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     """Matrix product with PyTorch's rules for 1-D operands and batch broadcasting; one fused kernel."""
     if not isinstance(other, Tensor): other = Tensor(other, self.device)
     if self.ndim == 0 or other.ndim == 0:
-      raise ValueError(f"matmul needs tensors with at least one dimension, got {self.shape} and {other.shape}")
+      raise ShapeError(f"matmul needs tensors with at least one dimension, got {self.shape} and {other.shape}")
     x = self.unsqueeze(0) if self.ndim == 1 else self
     w = other.unsqueeze(1) if other.ndim == 1 else other
     if x.shape[-1] != w.shape[-2]:
-      raise ValueError(f"matmul shapes {self.shape} and {other.shape} do not match: {x.shape[-1]} != {w.shape[-2]}")
+      raise ShapeError(f"matmul shapes {self.shape} and {other.shape} do not match: {x.shape[-1]} != {w.shape[-2]}")
     try:
       broadcast_shape(x.shape[:-2], w.shape[:-2])
-    except ValueError:
-      raise ValueError(f"matmul batch dimensions of {self.shape} and {other.shape} do not broadcast") from None
+    except ShapeError:
+      raise ShapeError(f"matmul batch dimensions of {self.shape} and {other.shape} do not broadcast") from None
     # x: (..., n, k, 1) times w: (..., 1, k, m), summed over k
     product = x.unsqueeze(-1) * w.unsqueeze(-3)
     result = product.sum(-2, dtype=least_upper_dtype(self.dtype, other.dtype))
@@ -527,8 +567,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 # *** realizing ***
 
 def realize_tensors(tensors: list[Tensor]) -> None:
-  """Compute the given tensors into buffers; every live tensor that shared their graphs now reads the buffers."""
-  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
+  """Compute the given tensors into buffers, and the pending index checks with them; every live tensor that shared
+  their graphs now reads the buffers."""
+  checks = take_pending()
+  outputs = [t.uop for t in [*tensors, *(check.extremes for check in checks)] if buffer_base(t.uop) is None]
   if not outputs: return
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
@@ -550,6 +592,7 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)
+  mark_computed(checks)
 
 
 def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:
@@ -575,6 +618,15 @@ def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   uop = _buffer_uop(data.shape, dtype, device)
   buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
   return uop
+
+
+def _dtype_or(dtype: Any, default: DType) -> DType:
+  return default if dtype is None else to_dtype(dtype)
+
+
+def _requiring_grad(tensor: Tensor, requires_grad: bool | None) -> Tensor:
+  tensor.requires_grad = requires_grad
+  return tensor
 
 
 def _scalar_result_dtype(dtype: DType, value: Any) -> DType:

@@ -19,6 +19,7 @@ from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturin
 from rawgrad.runtime.device import Buffer, _buffers, buffer_for
 from rawgrad.tensor import Tensor, all_tensors
 from rawgrad.tensor_ops.random import DRAW_MASK, advance_draws, random_draws
+from rawgrad.tensor_ops.bounds import DeferredCheck, computed_count, computed_since, mark_computed
 
 __all__ = ["jit", "JitError"]
 
@@ -70,6 +71,7 @@ class jit:
     self.result: Any = None
     self.draws = (0, 0)  # the generator's draw number when the capture began, and how many draws it made
     self.captured_draws: dict[tuple[int, UOp], int] = {}  # (item, variable): the draw number it had at the capture
+    self.checks: list[DeferredCheck] = []   # the index checks the capture computes: read after every replay
     self.graph: CommandGraph | None = None
     functools.update_wrapper(self, function)
 
@@ -98,6 +100,7 @@ class jit:
     if len({id(b) for b in input_buffers}) != len(input_buffers):
       raise JitError(f"jit {self.function.__name__}: the same buffer is passed as two inputs; replay could not "
                      "swap them independently")
+    checks_before = computed_count()
     capture = start_capture()
     first_draw = random_draws()
     try:
@@ -105,6 +108,7 @@ class jit:
     finally:
       stop_capture()
     self.draws = (first_draw, (random_draws() - first_draw) & DRAW_MASK)
+    self.checks = computed_since(checks_before)
     if not capture.kernels: raise JitError(f"jit {self.function.__name__}: the function launched no kernels")
     outputs = [_buffer_of(t) for t in _tensors_in(result)]
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
@@ -159,6 +163,7 @@ class jit:
         if not hasattr(self.items[index], "dest"): self.items[index].buffers[position] = buffer
         self.graph.patch_buffer(index, position, buffer)
     self.graph.run()
+    mark_computed(self.checks)
     return self.result
 
 

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rawgrad"
 
 # lowest first; a module may import modules of its own layer and of the layers before it
 LAYERS: list[tuple[str, ...]] = [
-  ("rawgrad.dtype", "rawgrad.helpers", "rawgrad.autogen"),
+  ("rawgrad.dtype", "rawgrad.helpers", "rawgrad.errors", "rawgrad.autogen"),
   ("rawgrad.compiler",),
   ("rawgrad.runtime",),
   ("rawgrad.drivers",),   # the runtime's device registry loads them by name; they implement its interfaces

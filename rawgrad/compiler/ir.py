@@ -9,6 +9,7 @@ from enum import Enum, auto
 from typing import Any, Callable, Iterator
 
 from rawgrad.dtype import AnyDType, DType, PtrDType, dtypes, truncate
+from rawgrad.errors import ShapeError
 
 
 class Ops(Enum):
@@ -356,50 +357,50 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   def reshape(self, shape: tuple) -> UOp:
     shape = tuple(shape)
-    if any(isinstance(s, int) and s < 0 for s in shape): raise ValueError(f"reshape to negative size {shape}")
+    if any(isinstance(s, int) and s < 0 for s in shape): raise ShapeError(f"reshape to negative size {shape}")
     old = _require_shape(self, "reshape")
     if _all_int(old) and _all_int(shape) and _product(old) != _product(shape):
-      raise ValueError(f"cannot reshape {old} ({_product(old)} elements) to {shape} ({_product(shape)} elements)")
+      raise ShapeError(f"cannot reshape {old} ({_product(old)} elements) to {shape} ({_product(shape)} elements)")
     if shape == old: return self
     return UOp(Ops.RESHAPE, self.dtype, (self, *map(as_index, shape)))
 
   def expand(self, shape: tuple) -> UOp:
     shape, old = tuple(shape), _require_shape(self, "expand")
     if len(shape) != len(old) or any(o != s and not _equal_size(o, 1) for o, s in zip(old, shape)):
-      raise ValueError(f"cannot expand {old} to {shape}: only axes of size 1 can grow")
+      raise ShapeError(f"cannot expand {old} to {shape}: only axes of size 1 can grow")
     if shape == old: return self
     return UOp(Ops.EXPAND, self.dtype, (self, *map(as_index, shape)))
 
   def permute(self, order: tuple[int, ...]) -> UOp:
     order, old = tuple(order), _require_shape(self, "permute")
     if sorted(order) != list(range(len(old))):
-      raise ValueError(f"permute order {order} is not a permutation of the {len(old)} axes of {old}")
+      raise ShapeError(f"permute order {order} is not a permutation of the {len(old)} axes of {old}")
     if order == tuple(range(len(old))): return self
     return UOp(Ops.PERMUTE, self.dtype, (self,), order)
 
   def pad(self, padding: tuple[tuple, ...]) -> UOp:
     padding, old = tuple(tuple(p) for p in padding), _require_shape(self, "pad")
     if len(padding) != len(old) or any(len(p) != 2 for p in padding):
-      raise ValueError(f"pad needs one (before, after) pair per axis of {old}, got {padding}")
+      raise ShapeError(f"pad needs one (before, after) pair per axis of {old}, got {padding}")
     if any(isinstance(v, int) and v < 0 for p in padding for v in p):
-      raise ValueError(f"pad amounts must be non-negative, got {padding} (use shrink to cut)")
+      raise ShapeError(f"pad amounts must be non-negative, got {padding} (use shrink to cut)")
     if all(_equal_size(v, 0) for p in padding for v in p): return self
     return UOp(Ops.PAD, self.dtype, (self, *(as_index(p[0]) for p in padding), *(as_index(p[1]) for p in padding)))
 
   def shrink(self, bounds: tuple[tuple, ...]) -> UOp:
     bounds, old = tuple(tuple(b) for b in bounds), _require_shape(self, "shrink")
     if len(bounds) != len(old) or any(len(b) != 2 for b in bounds):
-      raise ValueError(f"shrink needs one (begin, end) pair per axis of {old}, got {bounds}")
+      raise ShapeError(f"shrink needs one (begin, end) pair per axis of {old}, got {bounds}")
     for (begin, end), size in zip(bounds, old):
       if _all_int((begin, end, size)) and not 0 <= begin <= end <= size:
-        raise ValueError(f"shrink bounds {bounds} do not fit in shape {old}")
+        raise ShapeError(f"shrink bounds {bounds} do not fit in shape {old}")
     if all(_equal_size(b[0], 0) and _equal_size(b[1], s) for b, s in zip(bounds, old)): return self
     return UOp(Ops.SHRINK, self.dtype, (self, *(as_index(b[0]) for b in bounds), *(as_index(b[1]) for b in bounds)))
 
   def flip(self, axes: tuple[int, ...]) -> UOp:
     old = _require_shape(self, "flip")
     axes = tuple(sorted(set(axes)))
-    if any(not 0 <= axis < len(old) for axis in axes): raise ValueError(f"flip axes {axes} out of range for {old}")
+    if any(not 0 <= axis < len(old) for axis in axes): raise ShapeError(f"flip axes {axes} out of range for {old}")
     if not axes: return self
     return UOp(Ops.FLIP, self.dtype, (self,), axes)
 

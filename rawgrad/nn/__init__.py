@@ -17,7 +17,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.dtype import DType, dtypes
+from rawgrad.dtype import DType, dtypes, to_dtype
 from rawgrad.nn import optim, state
 from rawgrad.tensor import Tensor
 
@@ -94,7 +94,7 @@ def _filled(shape: tuple[int, ...], value: float, dtype: DType | None, device: s
             requires_grad: bool = True) -> Tensor:
   """A tensor of `value` backed by a buffer of its own, so optimizers and BatchNorm can assign into it in place.
   requires_grad=False marks state an optimizer must not train (running statistics, counters)."""
-  dtype = dtype or dtypes.default_float
+  dtype = dtypes.default_float if dtype is None else to_dtype(dtype)
   if dtype == dtypes.bfloat16:  # numpy has no bfloat16: fill on the device
     filled = Tensor.full(shape, value, dtype, device).contiguous()
     filled.requires_grad = requires_grad

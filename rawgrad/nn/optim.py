@@ -22,9 +22,9 @@ from rawgrad.tensor import Tensor
 
 
 class Optimizer:
-  """Holds the parameters (tensors with requires_grad; None counts as True and is set so) and the tensors given
-  along that need no gradient, such as BatchNorm's running statistics: schedule_step() returns those too, so their
-  pending in-place updates run in the step's schedule.
+  """Holds the parameters (tensors with requires_grad; None counts as True for float tensors and is set so) and the
+  tensors given along that need no gradient, such as BatchNorm's running statistics: schedule_step() returns those
+  too, so their pending in-place updates run in the step's schedule.
 
   As in torch, a parameter whose .grad is None is skipped. Unlike torch, the step count the bias corrections use
   belongs to the optimizer, not to each parameter."""
@@ -34,7 +34,7 @@ class Optimizer:
     for tensor in unique:
       if not isinstance(tensor, Tensor):
         raise TypeError(f"optimizer params must be Tensors, got {type(tensor).__name__}")
-      if tensor.requires_grad is None: tensor.requires_grad = True
+      if tensor.requires_grad is None: tensor.requires_grad = dtypes.is_float(tensor.dtype)
     self.params = [t for t in unique if t.requires_grad]
     self.buffers = [t for t in unique if not t.requires_grad]
     if not self.params: raise ValueError("optimizer got no parameters that require gradients")

@@ -10,6 +10,7 @@ import numpy as np
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
+from rawgrad.errors import ArgumentError, OutOfMemoryError
 from rawgrad.helpers import GlobalCounters, getenv
 from rawgrad.runtime.hcq import DeviceMemory
 
@@ -17,14 +18,20 @@ from rawgrad.runtime.hcq import DeviceMemory
 class Allocator:
   """Allocates device memory as DeviceMemory; freed allocations are kept by size and handed out again (most recent
   first), so a training loop stops asking the device for memory after its first step. Reusing memory is safe without
-  waiting: the device runs its submissions in order. Memory really given back waits for the device first."""
+  waiting: the device runs its submissions in order. Memory really given back waits for the device first.
+  `capacity_bytes` is the device's memory where the driver knows it: no allocation can be larger."""
 
-  def __init__(self, cache_limit_bytes: int = 1 << 30):
+  def __init__(self, cache_limit_bytes: int = 1 << 30, capacity_bytes: int | None = None):
     self.cache: dict[int, list[DeviceMemory]] = defaultdict(list)
     self.cached_bytes, self.cache_limit_bytes = 0, cache_limit_bytes
+    self.capacity_bytes = capacity_bytes
     self.device: Any = None  # the HCQDevice, set when it is made
 
   def alloc(self, nbytes: int) -> DeviceMemory:
+    if self.capacity_bytes is not None and nbytes > self.capacity_bytes:
+      name = "a device" if self.device is None else self.device.name
+      raise OutOfMemoryError(f"cannot allocate {nbytes} bytes on {name}, which has {self.capacity_bytes} bytes of "
+                             "memory")
     if self.cache[nbytes]:
       self.cached_bytes -= nbytes
       return self.cache[nbytes].pop()
@@ -73,8 +80,20 @@ class _DeviceRegistry:
     if not isinstance(name, str): raise TypeError(f"a device name is a string like 'CPU', not {name!r}")
     base = name.split(":")[0].upper()
     if base not in self._drivers:
-      raise ValueError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
+      raise ArgumentError(f"unknown device {name!r}; known devices: {', '.join(sorted(self._drivers))}")
     return base + name[len(base):]
+
+  def memory_bytes(self, name: str) -> int | None:
+    """The memory of a device in bytes, None where its driver cannot tell. An open device is asked; otherwise its
+    driver, if it can tell without opening a device (the CPU's is the host's physical memory)."""
+    name = self.canonicalize(name)
+    if name in self._opened: return self._opened[name].allocator.capacity_bytes
+    driver = importlib.import_module(self._drivers[name.split(":")[0]])
+    return driver.memory_bytes() if hasattr(driver, "memory_bytes") else None
+
+  def opened(self) -> list[Any]:
+    """The devices opened so far."""
+    return list(self._opened.values())
 
   def __getitem__(self, name: str) -> Any:
     name = self.canonicalize(name)
@@ -86,6 +105,13 @@ class _DeviceRegistry:
 
 
 Device = _DeviceRegistry()
+
+
+def check_fits(nbytes: int, device: str) -> None:
+  """Raise OutOfMemoryError now when `nbytes` can never fit in the device's memory."""
+  capacity = Device.memory_bytes(device)
+  if capacity is not None and nbytes > capacity:
+    raise OutOfMemoryError(f"a tensor of {nbytes} bytes does not fit in the {capacity} bytes of memory of {device}")
 
 
 class Buffer:
@@ -133,6 +159,14 @@ class Buffer:
         self.copyin(memoryview(self._initial.reshape(-1).view(np.uint8)))
         self._initial = None
     return self
+
+  def host_values(self) -> np.ndarray | None:
+    """The contents, flat, if the host can read them without waiting for the device (data not uploaded yet, or
+    host-mapped memory of an idle device); None otherwise. The array may share memory with the buffer: read it at
+    once, never write it."""
+    if self._raw is None: return None if self._initial is None else self._initial.reshape(-1)
+    if self._raw.host is None or not self.hcq.idle: return None
+    return self._raw.host[:self.nbytes].view(dtypes.to_numpy(self.dtype))
 
   @property
   def raw(self) -> DeviceMemory:

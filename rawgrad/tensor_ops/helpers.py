@@ -8,6 +8,10 @@ from __future__ import annotations
 from typing import Sequence
 
 from rawgrad.compiler.ir import UOp
+from rawgrad.dtype import DType
+from rawgrad.errors import IndexOutOfRange, ShapeError
+from rawgrad.helpers import prod
+from rawgrad.runtime.device import check_fits
 
 
 class TensorBase:
@@ -17,7 +21,9 @@ class TensorBase:
 
 def resolve_axis(axis: int, ndim: int) -> int:
   """A possibly negative axis as an index into `ndim` dimensions (a 0-d tensor accepts 0 and -1)."""
-  if not -max(ndim, 1) <= axis < max(ndim, 1): raise IndexError(f"axis {axis} is out of range for {ndim} dimensions")
+  if not -max(ndim, 1) <= axis < max(ndim, 1):
+    raise IndexOutOfRange(f"axis {axis} is out of range for {ndim} dimensions (a dim in [{-max(ndim, 1)}, "
+                          f"{max(ndim, 1) - 1}])")
   return axis % ndim if ndim else 0
 
 
@@ -39,6 +45,16 @@ def shape_arg(shape: tuple) -> tuple:
   return tuple(shape)
 
 
+def creation_shape(shape: tuple, dtype: DType, device: str) -> tuple:
+  """The shape of a new tensor, given as shape_arg takes it, after checking that no size is negative and that the
+  tensor can fit in the device's memory."""
+  shape = shape_arg(shape)
+  if negative := [size for size in shape if isinstance(size, int) and size < 0]:
+    raise ShapeError(f"cannot create a tensor with negative dimension {negative[0]}: shape {shape}")
+  if all(isinstance(size, int) for size in shape): check_fits(prod(shape) * dtype.itemsize, device)
+  return shape
+
+
 def broadcast_shape(*shapes: tuple) -> tuple:
   """The shape several shapes broadcast to, as in numpy and PyTorch."""
   ndim = max(len(shape) for shape in shapes)
@@ -47,6 +63,6 @@ def broadcast_shape(*shapes: tuple) -> tuple:
   for sizes in zip(*padded):
     others = {size for size in sizes if size != 1}
     if len(others) > 1:
-      raise ValueError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
+      raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
     result.append(others.pop() if others else 1)
   return tuple(result)

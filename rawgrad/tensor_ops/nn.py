@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Sequence
 from rawgrad.compiler.gradient import custom_gradients
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
+from rawgrad.errors import ShapeError
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.bounds import check_index_values
 from rawgrad.tensor_ops.helpers import TensorBase
 
 if TYPE_CHECKING:
@@ -140,16 +142,16 @@ def _conv_padding(padding: Size | str, kernel: tuple[int, ...], stride: tuple[in
 def _check_conv_shapes(name: str, x: Tensor, weight: Tensor, groups: int, dims: int, transposed: bool) -> None:
   if groups < 1: raise ValueError(f"{name}: groups must be positive, got {groups}")
   if weight.ndim != dims + 2:
-    raise ValueError(f"{name}: weight must have {dims + 2} dimensions, got shape {weight.shape}")
+    raise ShapeError(f"{name}: weight must have {dims + 2} dimensions, got shape {weight.shape}")
   if x.ndim != dims + 2:
-    raise ValueError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
+    raise ShapeError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
   in_channels = weight.shape[0] if transposed else weight.shape[1] * groups
   if x.shape[1] != in_channels:
     layout = "(in, out/groups, ...)" if transposed else "(out, in/groups, ...)"
-    raise ValueError(f"{name}: input of shape {x.shape} has {x.shape[1]} channels, but weight of shape {weight.shape} "
+    raise ShapeError(f"{name}: input of shape {x.shape} has {x.shape[1]} channels, but weight of shape {weight.shape} "
                      f"{layout} with groups={groups} expects {in_channels}")
   if weight.shape[0] % groups:
-    raise ValueError(f"{name}: weight of shape {weight.shape} has {weight.shape[0]} {'in' if transposed else 'out'} "
+    raise ShapeError(f"{name}: weight of shape {weight.shape} has {weight.shape[0]} {'in' if transposed else 'out'} "
                      f"channels, not divisible by groups={groups}")
 
 
@@ -162,7 +164,7 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   spatial = x.shape[2:]
   out = tuple(_output_size(i, k, s, d) for i, k, s, d in zip(spatial, kernel, stride, dilation))
   if any(o < 1 for o in out):
-    raise ValueError(f"{name}: kernel {kernel} with dilation {dilation} is larger than the padded input {spatial}")
+    raise ShapeError(f"{name}: kernel {kernel} with dilation {dilation} is larger than the padded input {spatial}")
   batch, out_channels = x.shape[0], weight.shape[0]
   group_in, group_out = weight.shape[1], out_channels // groups
   # (batch, groups, group_out, group_in, *out, *kernel): one expand broadcasts the input over the output channels
@@ -175,7 +177,7 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   _input_gradient_by_transposed_convolution(result, x, weight, stride, dilation, groups, name)
   if bias is None: return result
   if bias.shape != (out_channels,):
-    raise ValueError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
+    raise ShapeError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
   return result + bias.reshape(1, out_channels, *(1,) * dims)
 
 
@@ -273,7 +275,7 @@ def _conv_transpose(x: Tensor, weight: Tensor, bias: Tensor | None, stride: Size
   result = _transposed(x, weight, strides, dilations, paddings, extra, groups, name)
   if bias is not None:
     if bias.shape != (result.shape[1],):
-      raise ValueError(f"{name}: bias of shape {bias.shape} does not match {result.shape[1]} output channels")
+      raise ShapeError(f"{name}: bias of shape {bias.shape} does not match {result.shape[1]} output channels")
     result = result + bias.reshape(1, result.shape[1], *(1,) * dims)
   return result.squeeze(0) if unbatched else result
 
@@ -305,7 +307,7 @@ def _pool_geometry(x: Tensor, kernel_size: Size, stride: Size | None, padding: S
                    dims: int, name: str) -> tuple[tuple[int, ...], ...]:
   """(kernel, stride, padding, dilation, extra): `extra` is the padding at the end ceil_mode needs beyond `padding`."""
   if x.ndim not in (dims + 1, dims + 2):
-    raise ValueError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
+    raise ShapeError(f"{name}: input must have {dims + 1} or {dims + 2} dimensions, got shape {x.shape}")
   kernel = _positive(_tuple(kernel_size, dims, "kernel_size"), "kernel_size")
   strides = kernel if stride is None else _positive(_tuple(stride, dims, "stride"), "stride")
   paddings = _tuple(padding, dims, "padding")
@@ -318,7 +320,7 @@ def _pool_geometry(x: Tensor, kernel_size: Size, stride: Size | None, padding: S
     out = _output_size(size + 2 * p, k, s, d, ceil_mode)
     # as in PyTorch, the last window must start inside the input or the left padding
     if ceil_mode and (out - 1) * s >= size + p: out -= 1
-    if out < 1: raise ValueError(f"{name}: window {kernel} (dilation {dilations}) does not fit input {x.shape}")
+    if out < 1: raise ShapeError(f"{name}: window {kernel} (dilation {dilations}) does not fit input {x.shape}")
     extra.append(max(0, (out - 1) * s + d * (k - 1) + 1 - size - 2 * p))
   return kernel, strides, paddings, dilations, tuple(extra)
 
@@ -407,13 +409,13 @@ def _channel_shape(x: Tensor, axis: int = 1) -> tuple[int, ...]:
 
 def _check_channels(name: str, what: str, vector: Tensor | None, channels: int) -> None:
   if vector is not None and vector.shape != (channels,):
-    raise ValueError(f"{name}: {what} of shape {vector.shape} does not match {channels} channels")
+    raise ShapeError(f"{name}: {what} of shape {vector.shape} does not match {channels} channels")
 
 
 def _check_normalized_shape(name: str, x: Tensor, normalized_shape: Size) -> tuple[int, ...]:
   shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
   if not shape or tuple(x.shape[len(x.shape) - len(shape):]) != shape or len(shape) > x.ndim:
-    raise ValueError(f"{name}: normalized_shape {shape} does not match the trailing axes of input {x.shape}")
+    raise ShapeError(f"{name}: normalized_shape {shape} does not match the trailing axes of input {x.shape}")
   return shape
 
 
@@ -435,25 +437,28 @@ def _causal_mask(like: Tensor, queries: int, keys: int) -> Tensor:
 
 def _check_same_shape(name: str, x: Tensor, target: Tensor) -> None:
   if tuple(target.shape) != tuple(x.shape):
-    raise ValueError(f"{name}: target of shape {target.shape} does not match input {x.shape}")
+    raise ShapeError(f"{name}: target of shape {target.shape} does not match input {x.shape}")
 
 
 # *** losses ***
 
 def _class_one_hot(target: Tensor, classes: int, axis: int) -> Tensor:
-  """A bool tensor that is True at target's class along a new axis `axis` (nowhere for out-of-range targets)."""
+  """A bool tensor that is True at target's class along a new axis `axis`."""
   shape = [1] * (target.ndim + 1)
   shape[axis] = classes
   arange = type(target).arange(classes, device=target.device).reshape(shape)
   return target.unsqueeze(axis) == arange
 
 
-def _check_class_target(name: str, x: Tensor, target: Tensor, axis: int) -> None:
+def _check_class_target(name: str, x: Tensor, target: Tensor, axis: int, ignore_index: int) -> None:
   if dtypes.is_float(target.dtype) or target.dtype == dtypes.bool:
     raise TypeError(f"{name}: class-index targets must be integers, got {target.dtype} (shape {target.shape})")
   expected = tuple(x.shape[:axis]) + tuple(x.shape[axis + 1:])
   if tuple(target.shape) != expected:
-    raise ValueError(f"{name}: target of shape {target.shape} does not match input {x.shape}: expected {expected}")
+    raise ShapeError(f"{name}: target of shape {target.shape} does not match input {x.shape}: expected {expected}")
+  classes = x.shape[axis]
+  check_index_values(target, 0, classes, f"{name}: target {{value}} is out of bounds for {classes} classes",
+                     ignored=ignore_index)
 
 
 def _class_index_loss(log_probs: Tensor, target: Tensor, weight: Tensor | None, ignore_index: int, reduction: str,
@@ -492,9 +497,9 @@ class NNOps(TensorBase):
 
   def linear(self: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """self @ weight.T + bias, with weight shaped (out_features, in_features) as in torch.nn.functional.linear."""
-    if weight.ndim not in (1, 2): raise ValueError(f"linear: weight must be 1-D or 2-D, got shape {weight.shape}")
+    if weight.ndim not in (1, 2): raise ShapeError(f"linear: weight must be 1-D or 2-D, got shape {weight.shape}")
     if self.ndim == 0 or self.shape[-1] != weight.shape[-1]:
-      raise ValueError(f"linear: input of shape {self.shape} does not match weight of shape {weight.shape} "
+      raise ShapeError(f"linear: input of shape {self.shape} does not match weight of shape {weight.shape} "
                        f"(out_features, in_features)")
     result = self.matmul(weight.T)
     return result if bias is None else result + bias
@@ -558,7 +563,7 @@ class NNOps(TensorBase):
     """torch.nn.functional.batch_norm over axis 1. In training the batch's mean and biased variance normalize;
     otherwise the running ones do. This function never updates running_mean / running_var (nn.BatchNorm does that,
     with `momentum`, which is accepted here only for signature compatibility)."""
-    if self.ndim < 2: raise ValueError(f"batch_norm: input must have a channel axis, got shape {self.shape}")
+    if self.ndim < 2: raise ShapeError(f"batch_norm: input must have a channel axis, got shape {self.shape}")
     channels = self.shape[1]
     for what, vector in (("running_mean", running_mean), ("running_var", running_var), ("weight", weight),
                          ("bias", bias)):
@@ -566,7 +571,7 @@ class NNOps(TensorBase):
     if training:
       axes = tuple(i for i in range(self.ndim) if i != 1)
       if prod(self.shape[i] for i in axes) == 1:
-        raise ValueError(f"batch_norm: training needs more than one value per channel, got input {self.shape}")
+        raise ShapeError(f"batch_norm: training needs more than one value per channel, got input {self.shape}")
       mean, variance = _moments(self, axes)
       return _affine((self - mean) * _rsqrt(variance + eps), *_per_channel(self, weight, bias))
     if running_mean is None or running_var is None:
@@ -579,7 +584,7 @@ class NNOps(TensorBase):
     shape = _check_normalized_shape("layer_norm", self, normalized_shape)
     for what, tensor in (("weight", weight), ("bias", bias)):
       if tensor is not None and tuple(tensor.shape) != shape:
-        raise ValueError(f"layer_norm: {what} of shape {tensor.shape} does not match normalized_shape {shape}")
+        raise ShapeError(f"layer_norm: {what} of shape {tensor.shape} does not match normalized_shape {shape}")
     mean, variance = _moments(self, tuple(range(-len(shape), 0)))
     return _affine((self - mean) * _rsqrt(variance + eps), weight, bias)
 
@@ -591,7 +596,7 @@ class NNOps(TensorBase):
     """self / sqrt(mean(self**2) + eps) over the trailing axes; eps defaults to the dtype's machine epsilon."""
     shape = _check_normalized_shape("rms_norm", self, normalized_shape)
     if weight is not None and tuple(weight.shape) != shape:
-      raise ValueError(f"rms_norm: weight of shape {weight.shape} does not match normalized_shape {shape}")
+      raise ShapeError(f"rms_norm: weight of shape {weight.shape} does not match normalized_shape {shape}")
     x = _float(self)
     eps = _MACHINE_EPSILON.get(x.dtype, 2.0 ** -23) if eps is None else eps
     mean_square = (x * x).mean(tuple(range(-len(shape), 0)), keepdim=True)
@@ -600,10 +605,10 @@ class NNOps(TensorBase):
   def group_norm(self: Tensor, num_groups: int, weight: Tensor | None = None, bias: Tensor | None = None,
                  eps: float = 1e-5) -> Tensor:
     """Normalize each group of num_groups consecutive channels over its channels and spatial positions."""
-    if self.ndim < 2: raise ValueError(f"group_norm: input must have a channel axis, got shape {self.shape}")
+    if self.ndim < 2: raise ShapeError(f"group_norm: input must have a channel axis, got shape {self.shape}")
     channels = self.shape[1]
     if num_groups < 1 or channels % num_groups:
-      raise ValueError(f"group_norm: {channels} channels of input {self.shape} do not split into {num_groups} groups")
+      raise ShapeError(f"group_norm: {channels} channels of input {self.shape} do not split into {num_groups} groups")
     _check_channels("group_norm", "weight", weight, channels)
     _check_channels("group_norm", "bias", bias, channels)
     grouped = self.reshape(self.shape[0], num_groups, -1)
@@ -624,15 +629,17 @@ class NNOps(TensorBase):
       if rand_like is None: raise NotImplementedError("dropout needs Tensor.rand_like (random numbers) or a mask")
       mask = rand_like() >= p
     if tuple(mask.shape) != tuple(self.shape):
-      raise ValueError(f"dropout: mask of shape {mask.shape} does not match input {self.shape}")
+      raise ShapeError(f"dropout: mask of shape {mask.shape} does not match input {self.shape}")
     return mask.cast(dtypes.bool).where(self, 0) * (1 / (1 - p))
 
   def embedding(self: Tensor, weight: Tensor) -> Tensor:
     """Rows of weight (num_embeddings, dim) at the integer indices in self: shape (*self.shape, dim). Indices outside
-    [0, num_embeddings) give rows of zeros."""
+    [0, num_embeddings) raise IndexOutOfRange (tensor_ops/bounds.py)."""
     if dtypes.is_float(self.dtype) or self.dtype == dtypes.bool:
       raise TypeError(f"embedding: indices must be integers, got {self.dtype} (shape {self.shape})")
-    if weight.ndim != 2: raise ValueError(f"embedding: weight must be 2-D, got shape {weight.shape}")
+    if weight.ndim != 2: raise ShapeError(f"embedding: weight must be 2-D, got shape {weight.shape}")
+    rows = weight.shape[0]
+    check_index_values(self, 0, rows, f"embedding: index {{value}} is out of range for {rows} embeddings")
     picked = _class_one_hot(self, weight.shape[0], -1).unsqueeze(-1)  # (..., num_embeddings, 1)
     return picked.where(weight, 0).sum(-2)
 
@@ -645,10 +652,10 @@ class NNOps(TensorBase):
     (..., S, Ev). A bool attn_mask keeps positions where it is True; a float one is added to the scores. is_causal
     keeps key j for query i when j <= i. Dropout with dropout_p applies to the attention weights."""
     if self.ndim < 2 or key.ndim < 2 or value.ndim < 2:
-      raise ValueError(f"attention needs query, key and value of at least 2 dimensions, got {self.shape}, {key.shape}"
+      raise ShapeError(f"attention needs query, key and value of at least 2 dimensions, got {self.shape}, {key.shape}"
                        f" and {value.shape}")
     if self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
-      raise ValueError(f"attention shapes do not match: query {self.shape}, key {key.shape}, value {value.shape}")
+      raise ShapeError(f"attention shapes do not match: query {self.shape}, key {key.shape}, value {value.shape}")
     if is_causal and attn_mask is not None: raise ValueError("attention: give either attn_mask or is_causal, not both")
     scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
     scores = self.matmul(key.transpose(-1, -2)) * scale
@@ -673,9 +680,9 @@ class NNOps(TensorBase):
     log_probs = _log_softmax(_float(self), axis)
     if dtypes.is_float(target.dtype):
       if tuple(target.shape) != tuple(self.shape):
-        raise ValueError(f"cross_entropy: probability target of shape {target.shape} does not match input {self.shape}")
+        raise ShapeError(f"cross_entropy: probability target of shape {target.shape} does not match input {self.shape}")
       return _probability_loss(log_probs, target, weight, reduction, label_smoothing, axis)
-    _check_class_target("cross_entropy", self, target, axis)
+    _check_class_target("cross_entropy", self, target, axis, ignore_index)
     return _class_index_loss(log_probs, target, weight, ignore_index, reduction, label_smoothing, axis)
 
   def nll_loss(self: Tensor, target: Tensor, weight: Tensor | None = None, ignore_index: int = -100,
@@ -685,7 +692,7 @@ class NNOps(TensorBase):
     if self.ndim == 0: raise ValueError("nll_loss: input must have a class axis, got a 0-d tensor")
     axis = 0 if self.ndim == 1 else 1
     _check_channels("nll_loss", "weight", weight, self.shape[axis])
-    _check_class_target("nll_loss", self, target, axis)
+    _check_class_target("nll_loss", self, target, axis, ignore_index)
     return _class_index_loss(_float(self), target, weight, ignore_index, reduction, 0.0, axis)
 
   def sparse_categorical_crossentropy(self: Tensor, target: Tensor, ignore_index: int = -1,
@@ -695,7 +702,7 @@ class NNOps(TensorBase):
     _check_reduction(reduction)
     if not 0.0 <= label_smoothing <= 1.0: raise ValueError(f"label_smoothing must be in [0, 1], got {label_smoothing}")
     if self.ndim == 0: raise ValueError("sparse_categorical_crossentropy: input needs a class axis, got a 0-d tensor")
-    _check_class_target("sparse_categorical_crossentropy", self, target, self.ndim - 1)
+    _check_class_target("sparse_categorical_crossentropy", self, target, self.ndim - 1, ignore_index)
     log_probs = _log_softmax(_float(self), -1)
     return _class_index_loss(log_probs, target, None, ignore_index, reduction, label_smoothing, self.ndim - 1)
 

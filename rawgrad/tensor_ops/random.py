@@ -11,8 +11,9 @@ from typing import Any
 
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import RANDOM_DRAW
-from rawgrad.dtype import DType, dtypes
-from rawgrad.tensor_ops.helpers import TensorBase, shape_arg
+from rawgrad.dtype import DType, dtypes, to_dtype
+from rawgrad.errors import ArgumentError
+from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, shape_arg
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _KEY_PARITY = 0x1BD11BDA
@@ -81,9 +82,9 @@ class RandomOps(TensorBase):
 
   @classmethod
   def rand(cls, *shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
-    shape = shape_arg(shape)
-    bits, _ = cls._random_bits(shape, device)
-    result = cls._bits_to_unit(bits, dtype or dtypes.default_float)
+    dtype = _float_dtype(dtype)
+    bits, _ = cls._random_bits(creation_shape(shape, dtype, device), device)
+    result = cls._bits_to_unit(bits, dtype)
     result.requires_grad = requires_grad
     return result
 
@@ -91,12 +92,12 @@ class RandomOps(TensorBase):
   def randn(cls, *shape: Any, dtype: DType | None = None, device: str | None = None,
             requires_grad: bool | None = None):
     """Standard normal numbers by the Box-Muller transform of the two words of each counter."""
-    shape = shape_arg(shape)
-    bits0, bits1 = cls._random_bits(shape, device)
+    dtype = _float_dtype(dtype)
+    bits0, bits1 = cls._random_bits(creation_shape(shape, dtype, device), device)
     u0, u1 = cls._bits_to_unit(bits0, dtypes.float32), cls._bits_to_unit(bits1, dtypes.float32)
     # 1 - u0 lies in (0, 1], so the log is finite
     radius = ((1 - u0).log() * -2).sqrt()
-    result = (radius * (u1 * (2 * math.pi) + math.pi / 2).sin()).cast(dtype or dtypes.default_float)
+    result = (radius * (u1 * (2 * math.pi) + math.pi / 2).sin()).cast(dtype)
     result.requires_grad = requires_grad
     return result
 
@@ -115,11 +116,16 @@ class RandomOps(TensorBase):
     return result
 
   @classmethod
-  def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType = dtypes.int32, device: str | None = None):
-    if high <= low: raise ValueError(f"randint needs low < high, got low={low} high={high}")
+  def randint(cls, *shape: Any, low: int = 0, high: int = 10, dtype: DType = dtypes.int32, device: str | None = None,
+              requires_grad: bool | None = None):
+    if high <= low: raise ArgumentError(f"randint needs low < high, got low={low} high={high}")
+    dtype = to_dtype(dtype)
+    shape = creation_shape(shape, dtype, device)
     span = high - low
     # the product is non-negative, so truncating to an integer is the floor
-    return ((cls.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
+    result = ((cls.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
+    result.requires_grad = requires_grad
+    return result
 
   @classmethod
   def kaiming_uniform(cls, *shape: Any, a: float = 0.01, dtype: DType | None = None, device: str | None = None,
@@ -141,8 +147,12 @@ class RandomOps(TensorBase):
     bound = math.sqrt(6.0 / max(fan_in + fan_out, 1))
     return cls.uniform(*shape, low=-bound, high=bound, dtype=dtype, device=device, requires_grad=requires_grad)
 
-  def rand_like(self, dtype: DType | None = None):
-    return type(self).rand(*self.shape, dtype=dtype or self.dtype, device=self.device)
+  def rand_like(self, dtype: DType | None = None, requires_grad: bool | None = None):
+    return type(self).rand(*self.shape, dtype=dtype or self.dtype, device=self.device, requires_grad=requires_grad)
 
-  def randn_like(self, dtype: DType | None = None):
-    return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=self.device)
+  def randn_like(self, dtype: DType | None = None, requires_grad: bool | None = None):
+    return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=self.device, requires_grad=requires_grad)
+
+
+def _float_dtype(dtype: Any) -> DType:
+  return dtypes.default_float if dtype is None else to_dtype(dtype)

@@ -6,6 +6,7 @@ from typing import Any, NamedTuple, Sequence
 
 from rawgrad.compiler.ir import Ops
 from rawgrad.dtype import dtypes, sum_acc_dtype
+from rawgrad.errors import ShapeError
 from rawgrad.tensor_ops.helpers import TensorBase, reduce_axes, resolve_axis
 
 Axis = int | Sequence[int] | None
@@ -56,7 +57,7 @@ class ReduceOps(TensorBase):
     if axis is None: return self.reshape(-1).argmax(0)
     axis = resolve_axis(axis, self.ndim)
     size = self.shape[axis]
-    if size == 0: raise ValueError(f"argmax of an empty axis {axis} of shape {self.shape}")
+    if size == 0: raise ShapeError(f"argmax of an empty axis {axis} of shape {self.shape}")
     is_max = self == self.max(axis, keepdim=True)
     # the first maximum has the largest value of size - position among the maxima
     countdown = (is_max.where(size - self._positions(axis), 0)).max(axis, keepdim)

@@ -5,8 +5,8 @@ built from the core movement, elementwise and reduce operations, so it stays laz
 
 Reading at data-dependent positions (gather, scatter, index tensors) has no primitive of its own: it is written as a
 one-hot comparison of the index against an arange over the indexed axis, summed over that axis. That costs
-O(output * axis size) work but stays one fused kernel with simple index arithmetic. Index values out of range select
-nothing (they give 0) because lazy values cannot be checked; static indices (Python ints, lists) raise IndexError.
+O(output * axis size) work but stays one fused kernel with simple index arithmetic. Index values out of range raise
+IndexOutOfRange: at once where the host has them, else at the next host read (tensor_ops/bounds.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from rawgrad.dtype import DType, dtypes, least_upper_dtype
+from rawgrad.errors import ArgumentError, IndexOutOfRange, ShapeError
 from rawgrad.helpers import prod
+from rawgrad.tensor_ops.bounds import check_index_values
 from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg
 
 if TYPE_CHECKING:
@@ -44,11 +46,11 @@ class ShapeOps(TensorBase):
     """Split dimension `dim` into `sizes` (one entry may be -1)."""
     axis, sizes = _axis(dim, self.ndim), tuple(sizes)
     size = self.shape[axis]
-    if sizes.count(-1) > 1: raise ValueError(f"unflatten sizes {sizes} have more than one -1")
+    if sizes.count(-1) > 1: raise ShapeError(f"unflatten sizes {sizes} have more than one -1")
     known = prod(s for s in sizes if s != -1)
     if -1 in sizes and known and size % known == 0: sizes = tuple(size // known if s == -1 else s for s in sizes)
     if prod(sizes) != size or any(s < 0 for s in sizes):
-      raise ValueError(f"unflatten sizes {sizes} do not multiply to {size}, the size of dim {dim} of {self.shape}")
+      raise ShapeError(f"unflatten sizes {sizes} do not multiply to {size}, the size of dim {dim} of {self.shape}")
     return self.reshape(*self.shape[:axis], *sizes, *self.shape[axis + 1:])
 
   def view_as(self, other: Tensor) -> Tensor:
@@ -88,10 +90,10 @@ class ShapeOps(TensorBase):
     axis = _axis(dim, self.ndim)
     size = self.shape[axis]
     if not -size <= start <= size:
-      raise IndexError(f"narrow start {start} is out of range for dim {dim} of size {size}")
+      raise IndexOutOfRange(f"narrow start {start} is out of range for dim {dim} of size {size}")
     start = start % size if start < 0 else start
     if length < 0 or start + length > size:
-      raise IndexError(f"narrow of length {length} from {start} does not fit dim {dim} of size {size}")
+      raise IndexOutOfRange(f"narrow of length {length} from {start} does not fit dim {dim} of size {size}")
     return self.shrink(tuple((start, start + length) if d == axis else None for d in range(self.ndim)))
 
   # *** repeating ***
@@ -100,8 +102,8 @@ class ShapeOps(TensorBase):
     """Tile the tensor `repeats[i]` times along dim i, as torch.Tensor.repeat (extra leading repeats add dims)."""
     repeats = shape_arg(repeats)
     if len(repeats) < self.ndim:
-      raise ValueError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {repeats}")
-    if any(r < 0 for r in repeats): raise ValueError(f"repeat counts must not be negative, got {repeats}")
+      raise ShapeError(f"repeat needs at least {self.ndim} repeat counts for shape {self.shape}, got {repeats}")
+    if any(r < 0 for r in repeats): raise ShapeError(f"repeat counts must not be negative, got {repeats}")
     shape = (1,) * (len(repeats) - self.ndim) + tuple(self.shape)
     # a new axis of size `count` before each old axis, broadcast, then merged with it
     spread = self.reshape(tuple(d for size in shape for d in (1, size)))
@@ -151,7 +153,7 @@ class ShapeOps(TensorBase):
     return self._triangle(diagonal, lower=False)
 
   def _triangle(self, diagonal: int, lower: bool) -> Tensor:
-    if self.ndim < 2: raise ValueError(f"tril/triu need at least 2 dimensions, got shape {self.shape}")
+    if self.ndim < 2: raise ShapeError(f"tril/triu need at least 2 dimensions, got shape {self.shape}")
     rows, cols = self.shape[-2:]
     row = type(self).arange(rows, device=self.device).reshape(rows, 1)
     col = type(self).arange(cols, device=self.device).reshape(1, cols)
@@ -162,9 +164,9 @@ class ShapeOps(TensorBase):
     """`value` where `mask` is True, else self; mask broadcasts to self's shape and the dtype stays self's."""
     if mask.dtype != dtypes.bool: raise TypeError(f"masked_fill needs a bool mask, got {mask.dtype}")
     if broadcast_shape(mask.shape, self.shape) != self.shape:
-      raise ValueError(f"masked_fill mask of shape {mask.shape} does not broadcast to the tensor's shape {self.shape}")
+      raise ShapeError(f"masked_fill mask of shape {mask.shape} does not broadcast to the tensor's shape {self.shape}")
     if isinstance(value, TensorBase):
-      if value.ndim != 0: raise ValueError(f"masked_fill value must be a 0-d tensor, got shape {value.shape}")
+      if value.ndim != 0: raise ShapeError(f"masked_fill value must be a 0-d tensor, got shape {value.shape}")
       fill = value.cast(self.dtype)
     else:
       fill = type(self)(value, self.device, self.dtype)
@@ -175,8 +177,9 @@ class ShapeOps(TensorBase):
     count is the maximum value + 1, which realizes the tensor to learn it."""
     _check_index_dtype(self, "one_hot")
     if num_classes == -1:
-      if self.numel() == 0: raise ValueError(f"one_hot cannot infer the number of classes of an empty {self.shape}")
+      if self.numel() == 0: raise ShapeError(f"one_hot cannot infer the number of classes of an empty {self.shape}")
       num_classes = int(self.max().item()) + 1
+    check_index_values(self, 0, num_classes, f"one_hot: class {{value}} is out of range for num_classes={num_classes}")
     return _one_hot_mask(self, num_classes).cast(dtypes.default_int)
 
   # *** joining and splitting ***
@@ -189,7 +192,7 @@ class ShapeOps(TensorBase):
     shapes = [tuple(t.shape) for t in parts]
     if any(len(s) != len(shapes[0]) or s[:axis] + s[axis + 1:] != shapes[0][:axis] + shapes[0][axis + 1:]
            for s in shapes):
-      raise ValueError(f"cat along dim {dim} needs equal sizes in the other dims, got shapes {shapes}")
+      raise ShapeError(f"cat along dim {dim} needs equal sizes in the other dims, got shapes {shapes}")
     _check_devices(parts, "cat")
     dtype = least_upper_dtype(*(t.dtype for t in parts))
     total = sum(s[axis] for s in shapes)
@@ -209,7 +212,7 @@ class ShapeOps(TensorBase):
     """Join equally shaped tensors along a new dim: Tensor.stack(a, b, dim=0), Tensor.stack([a, b], 0) or a.stack(b)."""
     parts, dim = _join_arguments(self, tensors, dim, "stack")
     shapes = [tuple(t.shape) for t in parts]
-    if any(s != shapes[0] for s in shapes): raise ValueError(f"stack needs tensors of equal shape, got {shapes}")
+    if any(s != shapes[0] for s in shapes): raise ShapeError(f"stack needs tensors of equal shape, got {shapes}")
     axis = _axis(dim, parts[0].ndim + 1)
     return parts[0].unsqueeze(axis).cat(*(t.unsqueeze(axis) for t in parts[1:]), dim=axis)
 
@@ -219,18 +222,18 @@ class ShapeOps(TensorBase):
     size = self.shape[axis]
     if isinstance(split_size_or_sections, int):
       step = split_size_or_sections
-      if step <= 0 and size: raise ValueError(f"split size must be positive, got {step}")
+      if step <= 0 and size: raise ArgumentError(f"split size must be positive, got {step}")
       sizes = [min(step, size - start) for start in range(0, size, step)] if size else [0]
     else:
       sizes = list(split_size_or_sections)
       if sum(sizes) != size or any(s < 0 for s in sizes):
-        raise ValueError(f"split sizes {sizes} do not sum to {size}, the size of dim {dim} of {self.shape}")
+        raise ShapeError(f"split sizes {sizes} do not sum to {size}, the size of dim {dim} of {self.shape}")
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     return tuple(self.narrow(axis, start, length) for start, length in zip(starts, sizes))
 
   def chunk(self, chunks: int, dim: int = 0) -> tuple[Tensor, ...]:
     """At most `chunks` pieces of equal size ceil(size / chunks) along `dim`, as torch.chunk."""
-    if chunks <= 0: raise ValueError(f"chunk needs a positive number of chunks, got {chunks}")
+    if chunks <= 0: raise ArgumentError(f"chunk needs a positive number of chunks, got {chunks}")
     size = self.shape[_axis(dim, self.ndim)]
     if size == 0: return (self,) * chunks
     return self.split(math.ceil(size / chunks), dim)
@@ -244,13 +247,13 @@ class ShapeOps(TensorBase):
     first dim first, constant only."""
     pad = tuple(pad)
     if len(pad) % 2 or len(pad) > 2 * self.ndim:
-      raise ValueError(f"pad {pad} needs an even length of at most {2 * self.ndim} for shape {self.shape}")
+      raise ShapeError(f"pad {pad} needs an even length of at most {2 * self.ndim} for shape {self.shape}")
     if mode not in PAD_MODES: raise ValueError(f"pad mode {mode!r} is not one of {PAD_MODES}")
     if mode != "constant" and value != 0: raise ValueError(f"pad value {value} only applies to mode 'constant'")
     pairs = [(0, 0)] * (self.ndim - len(pad) // 2) + [(pad[i], pad[i + 1]) for i in range(len(pad) - 2, -1, -2)]
     for axis, (before, after) in enumerate(pairs):
       if self.shape[axis] + min(before, 0) + min(after, 0) < 0:
-        raise ValueError(f"pad {pad} crops more than the {self.shape[axis]} elements of dim {axis} of {self.shape}")
+        raise ShapeError(f"pad {pad} crops more than the {self.shape[axis]} elements of dim {axis} of {self.shape}")
     cropped = self.shrink(tuple((-min(before, 0), size + min(after, 0))
                                 for (before, after), size in zip(pairs, self.shape)))
     growth = [(max(before, 0), max(after, 0)) for before, after in pairs]
@@ -269,27 +272,35 @@ class ShapeOps(TensorBase):
     _check_index_dtype(index, "gather")
     axis = _axis(dim, self.ndim)
     if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
-      raise ValueError(f"gather index of shape {index.shape} must have the dims of {self.shape} and be no larger "
+      raise ShapeError(f"gather index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                        f"outside dim {dim}")
+    _check_index_along(index, axis, self.shape[axis], "gather")
+    return self._gather(axis, index)
+
+  def _gather(self, axis: int, index: Tensor) -> Tensor:
     bounds = tuple((0, s) if d == axis else (0, i) for d, (i, s) in enumerate(zip(index.shape, self.shape)))
     return _select_along(self.shrink(bounds), axis, index)
 
   def take_along_dim(self, indices: Tensor, dim: int | None = None) -> Tensor:
-    """Gather along `dim` after broadcasting self and indices in the other dims (of both flattened if dim is None)."""
+    """Gather along `dim` after broadcasting self and indices in the other dims (of both flattened if dim is None).
+    Negative indices count from the end, as in torch."""
     _check_index_dtype(indices, "take_along_dim")
-    if dim is None: return self.flatten().gather(0, indices.flatten())
+    if dim is None: return self.flatten().take_along_dim(indices.flatten(), 0)
     axis = _axis(dim, self.ndim)
     if indices.ndim != self.ndim:
-      raise ValueError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
+      raise ShapeError(f"take_along_dim indices of shape {indices.shape} need the {self.ndim} dims of {self.shape}")
+    _check_index_along(indices, axis, self.shape[axis], "take_along_dim", negative=True)
+    indices = (indices < 0).where(indices + self.shape[axis], indices)
     others = broadcast_shape(_without(self.shape, axis), _without(indices.shape, axis))
     source = self.expand(_inserted(others, axis, self.shape[axis]))
-    return source.gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
+    return source._gather(axis, indices.expand(_inserted(others, axis, indices.shape[axis])))
 
   def index_select(self, dim: int, index: Tensor) -> Tensor:
     """The entries at the 1-D (or 0-d) `index` along `dim`; that dim's size becomes len(index)."""
     _check_index_dtype(index, "index_select")
-    if index.ndim > 1: raise ValueError(f"index_select needs a 1-D index, got shape {index.shape}")
+    if index.ndim > 1: raise ShapeError(f"index_select needs a 1-D index, got shape {index.shape}")
     axis = _axis(dim, self.ndim)
+    _check_index_along(index, axis, self.shape[axis], "index_select")
     # the index along `axis` with size-1 dims elsewhere broadcasts against self in the one-hot selection
     return _select_along(self, axis, index.reshape(_with((1,) * self.ndim, axis, index.numel())))
 
@@ -316,6 +327,7 @@ class ShapeOps(TensorBase):
     axis = _axis(dim, self.ndim)
     source = _scatter_source(self, index, src, axis)
     size = self.shape[axis]
+    _check_index_along(index, axis, size, "scatter")
     # hits[..., i, ..., p]: does index[..., i, ...] send its value to position p of dim `axis`?
     hits = _one_hot_mask(index, size)
     written = _scatter_combine(hits, source, axis, reduce)
@@ -350,7 +362,7 @@ class ShapeOps(TensorBase):
     if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
     consumed = sum(1 for item in items if item is not None and item is not Ellipsis)
     if consumed > self.ndim:
-      raise IndexError(f"too many indices for a tensor of shape {self.shape}: {consumed} given")
+      raise IndexOutOfRange(f"too many indices for a tensor of shape {self.shape}: {consumed} given")
     if any(item is Ellipsis for item in items):
       at = next(i for i, item in enumerate(items) if item is Ellipsis)
       items[at:at + 1] = [slice(None)] * (self.ndim - consumed)
@@ -365,7 +377,8 @@ class ShapeOps(TensorBase):
       if isinstance(item, bool) or not isinstance(item, (int, slice)):
         raise TypeError(f"unsupported index {item!r}: use ints, slices, None or Ellipsis")
       if isinstance(item, int):
-        if not -size <= item < size: raise IndexError(f"index {item} is out of bounds for axis {axis} with size {size}")
+        if not -size <= item < size:
+          raise IndexOutOfRange(f"index {item} is out of bounds for dim {axis} with size {size}")
         result = result._slice_axis(axis, item % size, item % size + 1, 1)
       else:
         start, stop, step = item.indices(size)
@@ -443,6 +456,13 @@ def _check_devices(tensors: list[Tensor], what: str) -> None:
   if len(devices) > 1: raise RuntimeError(f"{what} needs tensors on one device, got {devices}")
 
 
+def _check_index_along(index: Tensor, axis: int, size: int, what: str, negative: bool = False) -> None:
+  """Index values along dim `axis` of `size` must lie in [0, size), or in [-size, size) where negative ones count from
+  the end."""
+  message = f"{what}: index {{value}} is out of bounds for dim {axis} with size {size}"
+  check_index_values(index, -size if negative else 0, size, message)
+
+
 def _check_index_dtype(index: Any, what: str) -> None:
   if not isinstance(index, TensorBase): raise TypeError(f"{what} index must be a Tensor, got {type(index).__name__}")
   if not dtypes.is_int(index.dtype) or index.dtype == dtypes.bool:
@@ -490,11 +510,11 @@ def _select_along(source: Tensor, axis: int, index: Tensor) -> Tensor:
 def _scatter_source(self: Tensor, index: Tensor, src: Any, axis: int) -> Tensor:
   """src as a tensor of index's shape and self's dtype, after checking the shapes torch requires."""
   if index.ndim != self.ndim or any(i > s for d, (i, s) in enumerate(zip(index.shape, self.shape)) if d != axis):
-    raise ValueError(f"scatter index of shape {index.shape} must have the dims of {self.shape} and be no larger "
+    raise ShapeError(f"scatter index of shape {index.shape} must have the dims of {self.shape} and be no larger "
                      f"outside dim {axis}")
   if not isinstance(src, TensorBase): return type(self).full(index.shape, src, self.dtype, self.device)
   if src.ndim != index.ndim or any(i > s for i, s in zip(index.shape, src.shape)):
-    raise ValueError(f"scatter src of shape {src.shape} must have the dims of index {index.shape} and be no smaller")
+    raise ShapeError(f"scatter src of shape {src.shape} must have the dims of index {index.shape} and be no smaller")
   return src.shrink(tuple((0, i) for i in index.shape)).cast(self.dtype)
 
 
@@ -578,7 +598,7 @@ def _without_ellipsis(tensor: Tensor, items: list) -> list:
   # identity tests throughout: `in` and index() would compare tensors elementwise
   if sum(item is Ellipsis for item in items) > 1: raise IndexError("an index can only have a single ellipsis")
   consumed = sum(_dims_consumed(item) for item in items)
-  if consumed > tensor.ndim: raise IndexError(f"too many indices for a tensor of shape {tensor.shape}: {consumed}")
+  if consumed > tensor.ndim: raise IndexOutOfRange(f"too many indices for a tensor of shape {tensor.shape}: {consumed}")
   at = next((i for i, item in enumerate(items) if item is Ellipsis), None)
   if at is None: return items
   return items[:at] + [slice(None)] * (tensor.ndim - consumed) + items[at + 1:]
@@ -597,7 +617,10 @@ def _index_entry(item: Any, tensor: Tensor, axis: int) -> tuple[list, list[tuple
   if (mask := _host_mask(item, tensor, axis)) is not None:
     positions = [_int_index(p, tensor) for p in np.nonzero(mask)]
     return [slice(None)] * mask.ndim, [(offset, p, True) for offset, p in enumerate(positions)], mask.ndim
-  index = _static_int_index(item, tensor, axis) if isinstance(item, _StaticIndex) else item
+  if isinstance(item, _StaticIndex): index = _static_int_index(item, tensor, axis)
+  else:
+    index = item
+    _check_index_along(index, axis, tensor.shape[axis], "indexing", negative=True)
   return [slice(None)], [(0, index, index.ndim > 0)], 1
 
 
@@ -625,7 +648,7 @@ def _static_int_index(item: _StaticIndex, tensor: Tensor, axis: int) -> Tensor:
   size = tensor.shape[axis]
   values = item.array.astype(np.int64)
   bad = values[(values < -size) | (values >= size)]
-  if bad.size: raise IndexError(f"index {int(bad.flat[0])} is out of bounds for dim {axis} with size {size}")
+  if bad.size: raise IndexOutOfRange(f"index {int(bad.flat[0])} is out of bounds for dim {axis} with size {size}")
   return _int_index(values % max(size, 1), tensor)
 
 
@@ -685,7 +708,7 @@ def _einsum_letters(formula: str, operands: tuple) -> tuple[list[str], str]:
     extra = tensor.ndim - len(part.replace("...", ""))
     spelled.append(part.replace("...", ellipsis[len(ellipsis) - extra:]) if "..." in part else part)
     if len(spelled[-1]) != tensor.ndim:
-      raise ValueError(f"einsum subscripts {part!r} do not match operand of shape {tensor.shape}")
+      raise ShapeError(f"einsum subscripts {part!r} do not match operand of shape {tensor.shape}")
   if "->" not in formula:
     counts = {letter: "".join(spelled).count(letter) for letter in set("".join(spelled))}
     output = ellipsis + "".join(sorted(letter for letter, count in counts.items() if count == 1 and
@@ -720,7 +743,7 @@ def _einsum(formula: str, *operands: Any) -> Any:
     tensor, part = _take_diagonals(tensor, part)
     for letter, size in zip(part, tensor.shape):
       if sizes.setdefault(letter, size) != size and size != 1 and sizes[letter] != 1:
-        raise ValueError(f"einsum letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
+        raise ShapeError(f"einsum letter {letter!r} has sizes {sizes[letter]} and {size} in {formula!r}")
       if sizes[letter] == 1: sizes[letter] = size
     present = [letter for letter in letters if letter in part]
     moved = tensor.permute([part.index(letter) for letter in present]) if present else tensor
@@ -768,13 +791,16 @@ def _interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: st
   if align_corners is not None and mode.startswith("nearest"):
     raise ValueError("align_corners only applies to the linear modes")
   spatial = self.ndim - 2
-  if spatial < 1: raise ValueError(f"interpolate needs (N, C, ...) input, got shape {self.shape}")
+  if spatial < 1: raise ShapeError(f"interpolate needs (N, C, ...) input, got shape {self.shape}")
   if (size is None) == (scale_factor is None): raise ValueError("interpolate needs exactly one of size, scale_factor")
   if size is None:
     factors = scale_factor if isinstance(scale_factor, (list, tuple)) else (scale_factor,) * spatial
     size = [int(math.floor(s * f)) for s, f in zip(self.shape[2:], factors)]
   sizes = list(size) if isinstance(size, (list, tuple)) else [size] * spatial
-  if len(sizes) != spatial: raise ValueError(f"interpolate size {size} does not match {spatial} spatial axes")
+  if len(sizes) != spatial: raise ShapeError(f"interpolate size {size} does not match {spatial} spatial axes")
+  if any(s <= 0 for s in sizes) or any(s == 0 for s in self.shape[2:]):
+    raise ShapeError(f"interpolate needs input and output sizes greater than 0, got input {tuple(self.shape[2:])} "
+                     f"and output {tuple(sizes)}")
   result = self
   for axis, out_size in zip(range(2, self.ndim), sizes):
     if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)

@@ -475,7 +475,7 @@ def test_advanced_getitem_errors():
   with pytest.raises(IndexError, match="index 3 is out of bounds for dim 0 with size 3"): x._advanced_getitem([0, 3])
   with pytest.raises(IndexError, match="index -5 is out of bounds for dim 1 with size 4"):
     x._advanced_getitem((slice(None), [-5]))
-  with pytest.raises(IndexError, match="index 4 is out of bounds for axis 1 with size 4"):
+  with pytest.raises(IndexError, match="index 4 is out of bounds for dim 1 with size 4"):
     x._advanced_getitem((index_tensor([0]), 4))
   with pytest.raises(IndexError, match=r"mask of shape \(3, 3\).*\(3, 4\)"):
     x._advanced_getitem(Tensor(np.ones((3, 3), bool)))

@@ -193,6 +193,7 @@ class AMDDevice(HCQDevice):
     embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the code object
     super().__init__(name, target, AMDAllocator(), AMDCompiler(target, embed_program=embed),
                      AMDGPURenderer(target, embed_program=embed), AMDProgram)
+    self.allocator.capacity_bytes = self.node.vram_bytes or None
     self.indirect_buffers = HostRing(self, INDIRECT_BUFFER_RING_BYTES, "PM4 indirect buffer")
     for engine in (COMPUTE, COPY): self.submit(HWQueue(), engine)
     self.synchronize(SETUP_TIMEOUT_S)

@@ -2,6 +2,7 @@
 command processor and its worker pool (native.py) with no Python between commands."""
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -25,7 +26,15 @@ def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
   return DeviceMemory(view.ctypes.data, nbytes, view, backing)
 
 
+def memory_bytes() -> int:
+  """The host's physical memory: the CPU device's memory."""
+  return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 class CPUAllocator(Allocator):
+  def __init__(self) -> None:
+    super().__init__(capacity_bytes=memory_bytes())
+
   def _alloc(self, nbytes: int) -> DeviceMemory:
     return host_allocation(nbytes)
 
