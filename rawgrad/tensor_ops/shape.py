@@ -833,9 +833,24 @@ def _resize_axis(tensor: Any, axis: int, out_size: int, mode: str, align_corners
   below = tensor.index_select(axis, tensor_type(low, tensor.device))
   above = tensor.index_select(axis, tensor_type(high.astype(np.int32), tensor.device))
   if dtypes.is_float(tensor.dtype): return below * (1 - weight).cast(tensor.dtype) + above * weight.cast(tensor.dtype)
-  # integers (images) blend in float32 and round half up to the nearest integer after each axis, as PyTorch does
-  blended = below.cast(dtypes.float32) * (1 - weight) + above.cast(dtypes.float32) * weight
-  return (blended + 0.5).floor().clamp(dtypes.min(tensor.dtype), dtypes.max(tensor.dtype)).cast(tensor.dtype)
+  return _blend_integers(below, above, positions - low, weight_shape)
+
+
+def _blend_integers(below: Tensor, above: Tensor, fraction: np.ndarray, weight_shape: list[int]) -> Tensor:
+  """below * (1 - fraction) + above * fraction for integer images as PyTorch computes it: in fixed point, with the
+  weights rounded to `precision` bits (as many as fit an int16 for the largest weight), the sum rounded half up and
+  clamped to the dtype's range."""
+  largest = float(np.max(np.maximum(fraction, 1 - fraction), initial=0.0))
+  precision = 0
+  while precision < 15 and int(0.5 + largest * 2 ** (precision + 1)) < 2 ** 15: precision += 1
+  tensor_type, device = type(below), below.device
+
+  def fixed(weights: np.ndarray) -> Tensor:
+    rounded = np.floor(0.5 + weights * 2 ** precision).astype(np.int32)
+    return tensor_type(rounded, device).reshape(weight_shape)
+  total = below.cast(dtypes.int32) * fixed(1 - fraction) + above.cast(dtypes.int32) * fixed(fraction)
+  rounded = (total + 2 ** (precision - 1)) >> precision
+  return rounded.clamp(dtypes.min(below.dtype), dtypes.max(below.dtype)).cast(below.dtype)
 
 
 _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
