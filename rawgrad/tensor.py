@@ -540,6 +540,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     axes = reduce_axes(axis, self.ndim)
     count = prod(self.shape[a] for a in axes) if self.ndim else 1
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    if x.dtype in _HALF_FLOATS: return x.cast(dtypes.float32).mean(axis, keepdim).cast(x.dtype)  # one rounding
     total = x.sum(axis, keepdim)
     return total / count if count else total * math.nan
 

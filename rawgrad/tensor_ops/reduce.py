@@ -212,15 +212,40 @@ def _places(x: Any, descending: bool) -> Any:
 
 
 def softmax(x: Any, axis: int) -> Any:
-  """exp(x - max) / sum, differentiated as PyTorch does: result * (grad - sum(grad * result))."""
+  """exp(x - max) / sum, differentiated as PyTorch does, result * (grad - sum(grad * result)), with the cancellation
+  at a dominant element taken out (see _dominant)."""
   exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
   result = exponentials / exponentials.sum(axis, keepdim=True)
-  return with_gradient(result, (x,), lambda grad, out, _: (out * (grad - (grad * out).sum(axis, keepdim=True)),))
+
+  def rule(grad: Any, out: Any, _: Any) -> tuple[Any]:
+    dominant, others = _dominant(out, axis)
+    weighted = (grad * out).sum(axis, keepdim=True)
+    return (out * dominant.where(grad * others(out) - others(grad * out), grad - weighted),)
+  return with_gradient(result, (x,), rule)
 
 
 def log_softmax(x: Any, axis: int) -> Any:
-  """x - max - log(sum(exp(x - max))), differentiated as PyTorch does: grad - exp(result) * sum(grad). The shift
-  comes first: adding the peak back (as logsumexp does) would round away small differences."""
+  """x - max - log(sum(exp(x - max))), differentiated as PyTorch does, grad - exp(result) * sum(grad), with the
+  cancellation at a dominant element taken out (see _dominant). The shift comes first: adding the peak back (as
+  logsumexp does) would round away small differences. The sum of the exponentials is 1 (the peak's) plus the rest,
+  so its logarithm is log1p(rest): the log-probability of a dominant element keeps its digits."""
   shifted = x - x.max(axis, keepdim=True).detach()
-  result = shifted - shifted.exp().sum(axis, keepdim=True).log()
-  return with_gradient(result, (x,), lambda grad, out, _: (grad - out.exp() * grad.sum(axis, keepdim=True),))
+  at_peak = shifted == 0
+  rest = at_peak.where(0, shifted.exp()).sum(axis, keepdim=True) + (at_peak.sum(axis, keepdim=True) - 1)
+  result = shifted - rest.log1p()
+
+  def rule(grad: Any, out: Any, _: Any) -> tuple[Any]:
+    probability = out.exp()
+    dominant, others = _dominant(probability, axis)
+    total = grad.sum(axis, keepdim=True)
+    return (dominant.where(grad * others(probability) - probability * others(grad), grad - probability * total),)
+  return with_gradient(result, (x,), rule)
+
+
+def _dominant(probability: Any, axis: int) -> tuple[Any, Any]:
+  """Where a probability is above 1/2 (one element at most), 1 - p rounds away the other elements' share, and
+  grad - p * sum(grad) cancels. There the gradient is formed from sums over the other elements only, which are exact
+  up to their own rounding: (1 - p) = sum of the others' p, and sum(grad) - grad = sum of the others' grad. Returns
+  the mask and that sum over the others."""
+  dominant = probability > 0.5
+  return dominant, lambda values: dominant.where(0, values).sum(axis, keepdim=True)
