@@ -150,14 +150,13 @@ class ReduceOps(TensorBase):
   def logcumsumexp(self, axis: int = 0):
     """log(cumsum(exp(self))) along `axis`, each prefix shifted by its own maximum (no overflow or underflow)."""
     x = _float(self, None)
-    if x.ndim == 0: return x
-    if x.shape[resolve_axis(axis, x.ndim)] == 0: return x
+    if x.ndim == 0 or x.shape[resolve_axis(axis, x.ndim)] == 0: return x
     window, axis = x._scan(axis, -math.inf)
     return window.logsumexp(-1).transpose(axis, -1)
 
   def cummax(self, axis: int = 0) -> ValuesIndices:
-    if self.ndim == 0: return ValuesIndices(self, self.zeros_like(dtypes.int64))
-    if self.shape[resolve_axis(axis, self.ndim)] == 0: return ValuesIndices(self, self.zeros_like(dtypes.int64))
+    if self.ndim == 0 or self.shape[resolve_axis(axis, self.ndim)] == 0:
+      return ValuesIndices(self, self.zeros_like(dtypes.int64))  # nothing to scan
     lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
     window, resolved = self._scan(axis, lowest)
     values = window.max(-1).transpose(resolved, -1)
@@ -178,7 +177,6 @@ class ReduceOps(TensorBase):
     earlier = positions.reshape(1, size) <= positions.reshape(size, 1)
     hits = earlier & (moved.unsqueeze(-2) == target.unsqueeze(-1))
     return hits.where(positions.reshape(1, size), -1).max(-1).cast(dtypes.int64).transpose(axis, -1)
-
 
 
 # *** helpers ***
