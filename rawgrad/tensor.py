@@ -163,8 +163,15 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     if stop is None: start, stop = 0, start
     if step == 0: raise ArgumentError(f"arange step must not be zero (start {start}, stop {stop})")
     count = max(0, math.ceil((stop - start) / step))
-    dtype = _dtype_or(dtype, dtypes.default_float if any(isinstance(v, float) for v in (start, stop, step))
-                      else dtypes.default_int)
+    if dtype is None and any(isinstance(v, float) for v in (start, stop, step)): dtype = dtypes.default_float
+    if dtype is None:
+      # ints take the default int unless a value would wrap there (PyTorch's arange is always int64)
+      last = start + (count - 1) * step if count else start
+      dtype = dtypes.default_int if all(_fits(v, dtypes.default_int) for v in (start, last)) else dtypes.int64
+    else:
+      dtype = to_dtype(dtype)
+      if dtypes.is_int(dtype) and count and not all(_fits(v, dtype) for v in (start, start + (count - 1) * step)):
+        raise ArgumentError(f"arange({start}, {stop}, {step}) has values outside the range of {dtype}")
     device = _canonical_device(device)
     creation_shape((count,), dtype, device)
     index = Tensor(UOp(Ops.IOTA, dtypes.int32, (_device_node(device), UOp.const(dtypes.index, count))))
@@ -346,6 +353,29 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     if dtype == dtypes.bool and self.dtype != dtypes.bool: return self != 0
     return Tensor(self.uop.cast(dtype))
 
+  def bitcast(self, dtype: DType) -> Tensor:
+    """The same bytes read as `dtype` (torch's view(dtype)): a different item size changes the last dim, which must
+    be contiguous in memory and (for a larger item) divide evenly."""
+    if dtype == self.dtype: return self
+    if dtypes.is_bool(dtype) or dtypes.is_bool(self.dtype): raise TypeError(f"cannot bitcast {self.dtype} to {dtype}")
+    if dtype.itemsize == self.dtype.itemsize: return Tensor(self.uop.bitcast(dtype))
+    if self.ndim == 0: raise ValueError(f"bitcast of a 0-d {self.dtype} tensor to {dtype} changes its size")
+    source_bits, target_bits = 8 * self.dtype.itemsize, 8 * dtype.itemsize
+    words = self.bitcast(_unsigned(self.dtype.itemsize))
+    target_word = _unsigned(dtype.itemsize)
+    if target_bits < source_bits:
+      # each word splits into its parts, the least significant first (little endian)
+      parts = [(words >> shift).cast(target_word) for shift in range(0, source_bits, target_bits)]
+      pieces = Tensor.stack(*parts, dim=-1)
+      return pieces.reshape(*self.shape[:-1], -1).bitcast(dtype)
+    ratio = target_bits // source_bits
+    if self.shape[-1] % ratio:
+      raise ValueError(f"bitcast of shape {self.shape} ({self.dtype}) to {dtype} needs a last dim divisible by {ratio}")
+    grouped = words.reshape(*self.shape[:-1], self.shape[-1] // ratio, ratio).cast(target_word)
+    combined = grouped[..., 0]
+    for i in range(1, ratio): combined = combined | (grouped[..., i] << source_bits * i)
+    return combined.bitcast(dtype)
+
   def float(self) -> Tensor:
     return self.cast(dtypes.float32)
 
@@ -354,6 +384,14 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def bool(self) -> Tensor:
     return self.cast(dtypes.bool)
+
+  def half(self) -> Tensor: return self.cast(dtypes.float16)
+  def bfloat16(self) -> Tensor: return self.cast(dtypes.bfloat16)
+  def double(self) -> Tensor: return self.cast(dtypes.float64)
+  def long(self) -> Tensor: return self.cast(dtypes.int64)
+  def short(self) -> Tensor: return self.cast(dtypes.int16)
+  def char(self) -> Tensor: return self.cast(dtypes.int8)
+  def byte(self) -> Tensor: return self.cast(dtypes.uint8)
 
   def _float_unary(self, op: Ops) -> Tensor:
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
@@ -438,6 +476,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(self.uop.reshape(shape))
 
   def view(self, *shape: Any) -> Tensor:
+    """reshape, or with a dtype the same bytes read as that dtype (bitcast)."""
+    if len(shape) == 1 and isinstance(shape[0], DType): return self.bitcast(shape[0])
     return self.reshape(*shape)
 
   def permute(self, *order: Any) -> Tensor:
@@ -462,8 +502,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return Tensor(self.uop.shrink(bounds))
 
   def flip(self, *axes: Any) -> Tensor:
-    axes = shape_arg(axes)
-    return Tensor(self.uop.flip(tuple(resolve_axis(axis, self.ndim) for axis in axes)))
+    axes = tuple(resolve_axis(axis, self.ndim) for axis in shape_arg(axes))
+    if len(set(axes)) != len(axes):
+      raise RuntimeError(f"flip dims {shape_arg(axes)} name a dim more than once: {sorted(axes)}")
+    return Tensor(self.uop.flip(axes))
 
   def transpose(self, dim0: int = 1, dim1: int = 0) -> Tensor:
     order = list(range(self.ndim))
@@ -483,7 +525,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def squeeze(self, dim: int | None = None) -> Tensor:
     if dim is None: return self.reshape(*[s for s in self.shape if s != 1])
     axis = resolve_axis(dim, self.ndim)
-    if self.shape[axis] != 1: return self
+    if self.ndim == 0 or self.shape[axis] != 1: return self
     return self.reshape(*self.shape[:axis], *self.shape[axis + 1:])
 
   def unsqueeze(self, dim: int) -> Tensor:
@@ -510,7 +552,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return reduced.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def sum(self, axis: int | Sequence[int] | None = None, keepdim: bool = False, dtype: DType | None = None) -> Tensor:
-    return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.ADD, axis, keepdim)
+    dtype = dtype or sum_acc_dtype(self.dtype)
+    # float16 and bfloat16 accumulate in float32 and round once at the end, as PyTorch does
+    if dtype in _HALF_FLOATS: return self.cast(dtypes.float32)._reduce(Ops.ADD, axis, keepdim).cast(dtype)
+    return self.cast(dtype)._reduce(Ops.ADD, axis, keepdim)
 
   def max(self, axis: int | Sequence[int] | None = None, keepdim: bool = False) -> Tensor:
     self._check_not_empty("max", axis)
@@ -537,6 +582,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     axes = reduce_axes(axis, self.ndim)
     count = prod(self.shape[a] for a in axes) if self.ndim else 1
     x = self if dtypes.is_float(self.dtype) else self.cast(dtypes.default_float)
+    if x.dtype in _HALF_FLOATS: return x.cast(dtypes.float32).mean(axis, keepdim).cast(x.dtype)  # one rounding
     total = x.sum(axis, keepdim)
     return total / count if count else total * math.nan
 
@@ -553,9 +599,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
       broadcast_shape(x.shape[:-2], w.shape[:-2])
     except ShapeError:
       raise ShapeError(f"matmul batch dimensions of {self.shape} and {other.shape} do not broadcast") from None
-    # x: (..., n, k, 1) times w: (..., 1, k, m), summed over k
+    # x: (..., n, k, 1) times w: (..., 1, k, m), summed over k; half floats multiply and add in float32
+    dtype = least_upper_dtype(self.dtype, other.dtype)
+    if dtype in _HALF_FLOATS: x, w = x.cast(dtypes.float32), w.cast(dtypes.float32)
     product = x.unsqueeze(-1) * w.unsqueeze(-3)
-    result = product.sum(-2, dtype=least_upper_dtype(self.dtype, other.dtype))
+    result = product.sum(-2, dtype=dtypes.float32 if dtype in _HALF_FLOATS else dtype).cast(dtype)
     if self.ndim == 1: result = result.squeeze(-2)
     if other.ndim == 1: result = result.squeeze(-1)
     return result
@@ -605,6 +653,17 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
 
 
 # *** helpers ***
+
+_HALF_FLOATS = (dtypes.float16, dtypes.bfloat16)
+
+
+def _fits(value: int, dtype: DType) -> bool:
+  return dtypes.min(dtype) <= value <= dtypes.max(dtype)
+
+
+def _unsigned(itemsize: int) -> DType:
+  return {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[itemsize]
+
 
 def _is_buffer_view(node: UOp) -> bool:
   while node.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.PAD, Ops.ASSIGN): node = node.src[0]

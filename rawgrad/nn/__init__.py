@@ -18,7 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rawgrad.dtype import DType, dtypes, to_dtype
-from rawgrad.nn import optim, state
+from rawgrad.nn import init, optim, state  # noqa: F401  (rawgrad.nn.init, as torch.nn.init)
 from rawgrad.tensor import Tensor
 
 Size = int | Sequence[int]

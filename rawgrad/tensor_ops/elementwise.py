@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
 from rawgrad.tensor_ops.helpers import TensorBase
+from rawgrad.tensor_ops.helpers import with_gradient as _with_gradient
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -128,14 +129,14 @@ class ElementwiseOps(TensorBase):
     """self ** exponent with PyTorch's dtypes (int ** int stays int) and C99's special values; a negative base with
     an integral float exponent is fine, with a fractional one nan."""
     if isinstance(exponent, (int, float)) and not isinstance(exponent, bool): return _pow_scalar(self, exponent)
-    return _pow(*self._broadcasted(exponent))
+    return _pow_with_gradient(*self._broadcasted(exponent))
 
   def __floordiv__(self, other: Any) -> Tensor: return _floor_divide(*self._broadcasted(other))
   def __rfloordiv__(self, other: Any) -> Tensor: return _floor_divide(*self._broadcasted(other, reverse=True))
   def __mod__(self, other: Any) -> Tensor: return _remainder(*self._broadcasted(other))
   def __rmod__(self, other: Any) -> Tensor: return _remainder(*self._broadcasted(other, reverse=True))
   def __pow__(self, exponent: Any) -> Tensor: return self.pow(exponent)
-  def __rpow__(self, base: Any) -> Tensor: return _pow(*self._broadcasted(base, reverse=True))
+  def __rpow__(self, base: Any) -> Tensor: return _pow_with_gradient(*self._broadcasted(base, reverse=True))
   def __abs__(self) -> Tensor: return self.abs()
   def __pos__(self) -> Tensor: return self
 
@@ -162,7 +163,8 @@ class ElementwiseOps(TensorBase):
   # *** exponentials and logarithms ***
 
   def exp(self) -> Tensor:
-    return _float_function(self, _exp)
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _exp), (x,), lambda grad, result, _: (grad * result,))
 
   def expm1(self) -> Tensor:
     """exp(x) - 1, accurate near 0."""
@@ -227,6 +229,30 @@ class ElementwiseOps(TensorBase):
   def erfc(self) -> Tensor:
     """1 - erf(x), accurate in the tail where erfc is tiny."""
     return _float_function(self, lambda x: _erfc(x, _is_float64(self)), wide=True)
+
+  def sinh(self) -> Tensor:
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _sinh, wide=True), (x,), lambda grad, _, x: (grad * x.cosh(),))
+
+  def cosh(self) -> Tensor:
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _cosh, wide=True), (x,), lambda grad, _, x: (grad * x.sinh(),))
+
+  def asinh(self) -> Tensor:
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _asinh, wide=True), (x,),
+                          lambda grad, _, x: (grad * (x * x + 1).rsqrt(),))
+
+  def acosh(self) -> Tensor:
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _acosh, wide=True), (x,),
+                          lambda grad, _, x: (grad * (x * x - 1).rsqrt(),))
+
+  def atanh(self) -> Tensor:
+    x = _as_float(self)
+    return _with_gradient(_float_function(x, _atanh, wide=True), (x,), lambda grad, _, x: (grad / (1 - x * x),))
+
+  arcsinh, arccosh, arctanh = asinh, acosh, atanh
 
   # *** activations ***
 
@@ -328,6 +354,12 @@ class ElementwiseOps(TensorBase):
     weight = weight.cast(start.dtype)
     return (weight.abs() < 0.5).where(start + weight * difference, end - difference * (1 - weight))
 
+  def copysign(self, other: Any) -> Tensor:
+    """|self| with the sign of other (its sign bit: -0.0 counts as negative); the result is a float."""
+    x, y = self._broadcasted(other)
+    x, y = _as_float(x), _as_float(y)
+    return _with_sign_of(x.abs(), y.cast(x.dtype))
+
   # *** classification ***
 
   def isnan(self) -> Tensor:
@@ -338,6 +370,21 @@ class ElementwiseOps(TensorBase):
 
   def isfinite(self) -> Tensor:
     return self.abs() < INF if dtypes.is_float(self.dtype) else self.full_like(True, dtypes.bool)
+
+  def isclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|self - other| <= atol + rtol * |other| elementwise, as torch.isclose: equal values (infinities included)
+    are close, nan only with equal_nan."""
+    x, y = self._broadcasted(other)
+    close = x == y
+    if not dtypes.is_float(x.dtype): x, y = x.cast(dtypes.float64), y.cast(dtypes.float64)
+    if equal_nan: close = close | (x.isnan() & y.isnan())
+    if rtol == 0 and atol == 0: return close
+    difference = (x - y).abs()
+    return close | (difference.isfinite() & (difference <= (y * rtol).abs() + atol))
+
+  def allclose(self, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is close (isclose); reads the answer on the host."""
+    return bool(self.isclose(other, rtol, atol, equal_nan).all().item())
 
   # *** bitwise ***
 
@@ -581,6 +628,58 @@ def _tanh(x: Tensor) -> Tensor:
   return small.where(series, (x < 0).where(-tail, tail))
 
 
+# *** hyperbolic functions (float64) ***
+
+# beyond this |x|, exp(-|x|) is below float64's resolution next to exp(|x|)
+_HYPERBOLIC_TAIL = 20.0
+# beyond this |x|, asinh(x) and acosh(x) are log(2|x|) to float64's precision
+_LOG_TWICE_BEYOND = 2.0 ** 28
+
+
+def _sinh(x: Tensor) -> Tensor:
+  magnitude = x.abs()
+  tail = magnitude > _HYPERBOLIC_TAIL
+  near = tail.where(0.0, magnitude)
+  grown = _expm1(near)  # sinh = (e - 1/e) / 2 = (u + u / (u + 1)) / 2 with u = e - 1: no cancellation near 0
+  value = tail.where(_exp(magnitude, -1), (grown + grown / (grown + 1)) * 0.5)
+  return _with_sign_of(value, x)
+
+
+def _cosh(x: Tensor) -> Tensor:
+  magnitude = x.abs()
+  tail = magnitude > _HYPERBOLIC_TAIL
+  e = _exp(tail.where(0.0, magnitude))
+  return tail.where(_exp(magnitude, -1), (e + 1 / e) * 0.5)
+
+
+def _log_twice(magnitude: Tensor) -> Tensor:
+  return magnitude.log() + LN2
+
+
+def _asinh(x: Tensor) -> Tensor:
+  magnitude = x.abs()
+  far = magnitude > _LOG_TWICE_BEYOND
+  a = far.where(1.0, magnitude)
+  # asinh(a) = log1p(a + a*a / (1 + sqrt(1 + a*a))): no cancellation near 0
+  near = _log1p(a + a * a / ((a * a + 1).sqrt() + 1))
+  return _with_sign_of(far.where(_log_twice(magnitude), near), x)
+
+
+def _acosh(x: Tensor) -> Tensor:
+  far = x > _LOG_TWICE_BEYOND
+  t = (far | (x < 1)).where(0.0, x - 1)
+  near = _log1p(t + (t * 2 + t * t).sqrt())  # acosh(1 + t) without cancellation near 1
+  return (x < 1).where(math.nan, far.where(_log_twice(far.where(x, 1.0)), near))
+
+
+def _atanh(x: Tensor) -> Tensor:
+  magnitude = x.abs()
+  inside = magnitude <= 1
+  a = inside.where(magnitude, 0.0)
+  value = _log1p(a * 2 / (1 - a)) * 0.5
+  return _with_sign_of(inside.where(value, math.nan), x)
+
+
 def _gelu_tanh(x: Tensor) -> Tensor:
   # 0.5 * (1 + tanh(u)) is sigmoid(2u): no cancellation for negative x. The cubic's rounding error is multiplied by
   # up to ~200 in the negative tail (the function's condition number there), hence float64.
@@ -697,7 +796,18 @@ def _hypot(x: Tensor, y: Tensor) -> Tensor:
 # *** powers ***
 
 def _pow_scalar(base: Tensor, exponent: int | float) -> Tensor:
-  """Powers with a Python exponent: integral ones multiply (exactly for ints, wrapping like PyTorch)."""
+  """Powers with a Python exponent: integral ones multiply (exactly for ints, wrapping like PyTorch). The gradient
+  is PyTorch's, exponent * base ** (exponent - 1), and 0 for exponent 0."""
+  if not dtypes.is_float(base.dtype): return _unscaled_pow_scalar(base, exponent)
+  if exponent == 0:
+    # exactly 1 everywhere (nan and inf included), still a function of base so that it has a (zero) gradient
+    result = (base.abs() < INF).where(base * 0, 0.0) + 1
+    return _with_gradient(result, (base,), lambda grad, _, x: (grad * 0,))
+  return _with_gradient(_unscaled_pow_scalar(base, exponent), (base,),
+                        lambda grad, _, x: (grad * (x.pow(exponent - 1) * exponent),))
+
+
+def _unscaled_pow_scalar(base: Tensor, exponent: int | float) -> Tensor:
   if not dtypes.is_float(base.dtype) and isinstance(exponent, int):
     if exponent < 0:
       raise ValueError(f"integer tensors ({base.dtype}) to a negative integer power ({exponent}) are not allowed")
@@ -707,6 +817,7 @@ def _pow_scalar(base: Tensor, exponent: int | float) -> Tensor:
     wide = not 0 <= exponent <= 2
     return _float_function(base, lambda x: _integer_power(x, int(exponent)), wide=wide)
   if exponent == 0.5: return _float_function(base, lambda x: x.sqrt())
+  if exponent == -0.5: return _float_function(base, lambda x: x.sqrt().reciprocal())  # PyTorch's rsqrt: -0.0 gives -inf
   return _pow(*base._broadcasted(exponent))
 
 
@@ -719,6 +830,18 @@ def _integer_power(base: Tensor, exponent: int) -> Tensor:
     if count: power = _product_boundary(power * power)
   if result is None: return base.ones_like()
   return result.reciprocal() if exponent < 0 else result
+
+
+def _pow_with_gradient(base: Tensor, exponent: Tensor) -> Tensor:
+  """base ** exponent with PyTorch's gradients: exponent * base ** (exponent - 1) for the base (0 where the exponent
+  is 0), result * log(base) for the exponent (0 where the base is 0 and the exponent is not negative)."""
+  result = _pow(base, exponent)
+  if not dtypes.is_float(base.dtype): return result
+
+  def rule(grad: Tensor, result: Tensor, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    base_grad = (y == 0).where(0.0, grad * (y * x.pow(y - 1)))
+    return base_grad, grad * ((y >= 0) & (x == 0)).where(0.0, result * x.log())
+  return _with_gradient(result, (base, exponent), rule)
 
 
 def _pow(base: Tensor, exponent: Tensor) -> Tensor:

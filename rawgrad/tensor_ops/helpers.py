@@ -5,8 +5,9 @@ It sits below both, so no mixin imports rawgrad.tensor (which imports the mixins
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
+from rawgrad.compiler.gradient import custom_gradients
 from rawgrad.compiler.ir import UOp
 from rawgrad.dtype import DType
 from rawgrad.errors import IndexOutOfRange, ShapeError
@@ -66,3 +67,18 @@ def broadcast_shape(*shapes: tuple) -> tuple:
       raise ShapeError(f"cannot broadcast {' with '.join(str(tuple(s)) for s in shapes)}")
     result.append(others.pop() if others else 1)
   return tuple(result)
+
+
+def with_gradient(result: Any, inputs: tuple, rule: Callable[..., tuple]) -> Any:
+  """result, differentiated by rule(output gradient, result, *inputs) -> one gradient per input (None for none)
+  instead of through the graph that computes it: PyTorch's formula, where the composition's derivative differs from
+  it at special values (inf, nan, the edges of branches) or in rounding."""
+  tensor, sources = type(result), tuple(x.uop for x in inputs)
+  if result.uop in sources: return result
+
+  def gradient(node: UOp, output_gradient: UOp, wanted: set[UOp]) -> dict[UOp, UOp]:
+    grads = rule(tensor(output_gradient), tensor(node), *(tensor(source) for source in sources))
+    return {source: grad.cast(source.dtype).uop for source, grad in zip(sources, grads)
+            if grad is not None and source in wanted}
+  custom_gradients[result.uop] = gradient
+  return result

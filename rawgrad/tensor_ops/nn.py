@@ -20,7 +20,9 @@ from rawgrad.dtype import dtypes
 from rawgrad.errors import ShapeError
 from rawgrad.helpers import prod
 from rawgrad.tensor_ops.bounds import check_index_values
-from rawgrad.tensor_ops.helpers import TensorBase
+from rawgrad.tensor_ops.helpers import TensorBase, resolve_axis
+from rawgrad.tensor_ops.reduce import log_softmax as _log_softmax
+from rawgrad.tensor_ops.reduce import softmax as _softmax
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -326,12 +328,23 @@ def _pool_geometry(x: Tensor, kernel_size: Size, stride: Size | None, padding: S
 
 
 def _max_pool(x: Tensor, kernel_size: Size, stride: Size | None, padding: Size, dilation: Size, ceil_mode: bool,
-              dims: int, name: str) -> Tensor:
+              dims: int, name: str, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
   kernel, strides, paddings, dilations, extra = _pool_geometry(x, kernel_size, stride, padding, dilation, ceil_mode,
                                                                dims, name)
   lowest = -math.inf if dtypes.is_float(x.dtype) else dtypes.min(x.dtype)
-  padded = _pad_spatial(x, [(p, p + e) for p, e in zip(paddings, extra)], lowest)
-  return _windows(padded, kernel, strides, dilations).max(tuple(range(-dims, 0)))
+  edges = [(p, p + e) for p, e in zip(paddings, extra)]
+  windows = _windows(_pad_spatial(x, edges, lowest), kernel, strides, dilations)
+  pooled = windows.max(tuple(range(-dims, 0)))
+  if not return_indices: return pooled
+  # the flat spatial index of the first maximum of each window (PyTorch's choice), from windows of the positions
+  spatial = x.shape[-dims:]
+  positions = type(x).arange(prod(spatial), device=x.device).reshape(spatial)
+  position_windows = _windows(_pad_spatial(positions, edges, -1), kernel, strides, dilations).flatten(-dims)
+  hits = windows.flatten(-dims) == pooled.unsqueeze(-1)
+  count = position_windows.shape[-1]
+  first = count - hits.where(count - type(x).arange(count, device=x.device), 0).max(-1, keepdim=True)
+  picked = hits & (type(x).arange(count, device=x.device) == first)
+  return pooled, picked.where(position_windows, 0).sum(-1).cast(dtypes.int64)
 
 
 def _avg_pool(x: Tensor, kernel_size: Size, stride: Size | None, padding: Size, ceil_mode: bool,
@@ -363,15 +376,14 @@ def _counted_mask(x: Tensor, paddings: tuple[int, ...], extra: tuple[int, ...], 
 
 # *** small math helpers (private stand-ins for the shared elementwise and reduce ops) ***
 
-def _log_softmax(x: Tensor, axis: int) -> Tensor:
-  # the shift by the maximum cancels exactly, so it needs no gradient
-  shifted = x - x.max(axis, keepdim=True).detach()
-  return shifted - shifted.exp().sum(axis, keepdim=True).log()
-
-
-def _softmax(x: Tensor, axis: int) -> Tensor:
-  exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
-  return exponentials / exponentials.sum(axis, keepdim=True)
+def _norm(x: Tensor, p: float, axis: int) -> Tensor:
+  """The p-norm along `axis` (kept), whose gradient at a zero vector is 0 (PyTorch's), not 0 * inf."""
+  if p == math.inf: return x.abs().max(axis, keepdim=True)
+  if p == 1: return x.abs().sum(axis, keepdim=True)
+  total = (x * x if p == 2 else x.abs() ** p).sum(axis, keepdim=True)
+  zero = total == 0
+  root = zero.where(1.0, total)
+  return zero.where(0.0, root.sqrt() if p == 2 else root ** (1 / p))
 
 
 def _rsqrt(x: Tensor) -> Tensor:
@@ -526,6 +538,17 @@ class NNOps(TensorBase):
     return _conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 2,
                            "conv_transpose2d")
 
+  def conv3d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size | str = 0,
+             dilation: Size = 1, groups: int = 1) -> Tensor:
+    """3-D convolution of (batch, in, depth, height, width) or unbatched with weight (out, in/groups, kd, kh, kw)."""
+    return _conv(self, weight, bias, stride, padding, dilation, groups, 3, "conv3d")
+
+  def conv_transpose3d(self: Tensor, weight: Tensor, bias: Tensor | None = None, stride: Size = 1, padding: Size = 0,
+                       output_padding: Size = 0, groups: int = 1, dilation: Size = 1) -> Tensor:
+    """Transposed 3-D convolution with weight (in, out/groups, kd, kh, kw)."""
+    return _conv_transpose(self, weight, bias, stride, padding, output_padding, groups, dilation, 3,
+                           "conv_transpose3d")
+
   # *** pooling ***
 
   def max_pool1d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0, dilation: Size = 1,
@@ -533,9 +556,28 @@ class NNOps(TensorBase):
     return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 1, "max_pool1d")
 
   def max_pool2d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0, dilation: Size = 1,
-                 ceil_mode: bool = False) -> Tensor:
-    """Max over windows; padding counts as -inf. Ties share the gradient evenly (PyTorch gives it to one)."""
-    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d")
+                 ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Max over windows; padding counts as -inf. Ties share the gradient evenly (PyTorch gives it to one). With
+    return_indices also the flat index (h * width + w, int64) of each window's first maximum, for max_unpool2d."""
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 2, "max_pool2d", return_indices)
+
+  def max_pool3d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0, dilation: Size = 1,
+                 ceil_mode: bool = False, return_indices: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    return _max_pool(self, kernel_size, stride, padding, dilation, ceil_mode, 3, "max_pool3d", return_indices)
+
+  def max_unpool2d(self: Tensor, indices: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                   output_size: Sequence[int] | None = None) -> Tensor:
+    """The inverse of max_pool2d with return_indices: zeros of the unpooled size with each value at its index."""
+    kernel = _tuple(kernel_size, 2, "kernel_size")
+    strides = kernel if stride is None else _tuple(stride, 2, "stride")
+    paddings = _tuple(padding, 2, "padding")
+    if tuple(indices.shape) != tuple(self.shape):
+      raise ValueError(f"max_unpool2d: indices of shape {indices.shape} do not match input {self.shape}")
+    size = tuple((i - 1) * s - 2 * p + k for i, s, p, k in zip(self.shape[-2:], strides, paddings, kernel))
+    if output_size is not None: size = tuple(output_size)[-2:]
+    flat_values, flat_indices = self.flatten(-2), indices.flatten(-2)
+    out = type(self).zeros(*self.shape[:-2], prod(size), dtype=self.dtype, device=self.device)
+    return out.scatter(-1, flat_indices, flat_values).reshape(*self.shape[:-2], *size)
 
   def avg_pool1d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
                  ceil_mode: bool = False, count_include_pad: bool = True) -> Tensor:
@@ -546,6 +588,47 @@ class NNOps(TensorBase):
                  divisor_override: int | None = None) -> Tensor:
     return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 2,
                      "avg_pool2d")
+
+  def avg_pool3d(self: Tensor, kernel_size: Size, stride: Size | None = None, padding: Size = 0,
+                 ceil_mode: bool = False, count_include_pad: bool = True,
+                 divisor_override: int | None = None) -> Tensor:
+    return _avg_pool(self, kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override, 3,
+                     "avg_pool3d")
+
+  # *** windows as data ***
+
+  def unfold(self: Tensor, dimension: int, size: int, step: int) -> Tensor:
+    """torch.Tensor.unfold: the windows of `size` elements, `step` apart, along `dimension`, which becomes the number
+    of windows; the window is a new last dim."""
+    axis = resolve_axis(dimension, self.ndim)
+    length = self.shape[axis] if self.ndim else 1
+    if size < 0 or size > length: raise ValueError(f"unfold size {size} does not fit dim {dimension} of size {length}")
+    if step < 1: raise ValueError(f"unfold step must be positive, got {step}")
+    if self.ndim == 0: return self.reshape(1)
+    moved = self.movedim(axis, -1)
+    if size == 0: return type(self).zeros(*moved.shape[:-1], length // step + 1, 0, dtype=self.dtype,
+                                          device=self.device).movedim(-2, axis)
+    windows = _windows(moved, (size,), (step,), (1,))  # (..., count, size)
+    return windows.movedim(-2, axis)
+
+  def im2col(self: Tensor, kernel_size: Size, dilation: Size = 1, padding: Size = 0, stride: Size = 1) -> Tensor:
+    """torch.nn.functional.unfold: the sliding blocks of a (N, C, H, W) or (C, H, W) input as columns,
+    (N, C * kh * kw, blocks)."""
+    unbatched = self.ndim == 3
+    x = self.unsqueeze(0) if unbatched else self
+    if x.ndim != 4: raise ValueError(f"im2col: input must be 3-D or 4-D, got shape {self.shape}")
+    kernel = _positive(_tuple(kernel_size, 2, "kernel_size"), "kernel_size")
+    dilations = _positive(_tuple(dilation, 2, "dilation"), "dilation")
+    strides = _positive(_tuple(stride, 2, "stride"), "stride")
+    paddings = _tuple(padding, 2, "padding")
+    windows = _windows(_pad_spatial(x, [(p, p) for p in paddings]), kernel, strides, dilations)
+    batch, channels, rows, cols = windows.shape[:4]
+    columns = windows.permute(0, 1, 4, 5, 2, 3).reshape(batch, channels * prod(kernel), rows * cols)
+    return columns.squeeze(0) if unbatched else columns
+
+  def normalize(self: Tensor, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """torch.nn.functional.normalize: self / max(norm_p(self along dim), eps)."""
+    return self / _norm(_float(self), p, dim).clamp(min=eps)
 
   # *** normalization ***
 
@@ -647,16 +730,23 @@ class NNOps(TensorBase):
 
   def scaled_dot_product_attention(self: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | None = None,
                                    dropout_p: float = 0.0, is_causal: bool = False,
-                                   scale: float | None = None) -> Tensor:
+                                   scale: float | None = None, enable_gqa: bool = False) -> Tensor:
     """softmax(self @ key^T * scale + mask) @ value with self the query (..., L, E), key (..., S, E) and value
     (..., S, Ev). A bool attn_mask keeps positions where it is True; a float one is added to the scores. is_causal
-    keeps key j for query i when j <= i. Dropout with dropout_p applies to the attention weights."""
+    keeps key j for query i when j <= i. Dropout with dropout_p applies to the attention weights. enable_gqa lets
+    key and value have fewer heads (dim -3) than the query, each shared by a group of query heads."""
     if self.ndim < 2 or key.ndim < 2 or value.ndim < 2:
       raise ShapeError(f"attention needs query, key and value of at least 2 dimensions, got {self.shape}, {key.shape}"
                        f" and {value.shape}")
     if self.shape[-1] != key.shape[-1] or key.shape[-2] != value.shape[-2]:
       raise ShapeError(f"attention shapes do not match: query {self.shape}, key {key.shape}, value {value.shape}")
     if is_causal and attn_mask is not None: raise ValueError("attention: give either attn_mask or is_causal, not both")
+    if enable_gqa and key.ndim >= 3 and self.ndim >= 3 and key.shape[-3] != self.shape[-3]:
+      heads, key_heads = self.shape[-3], key.shape[-3]
+      if heads % key_heads or value.shape[-3] != key_heads:
+        raise ValueError(f"attention: {heads} query heads do not split into groups over {key_heads} key heads "
+                         f"(key {key.shape}, value {value.shape})")
+      key, value = key.repeat_interleave(heads // key_heads, -3), value.repeat_interleave(heads // key_heads, -3)
     scale = 1 / math.sqrt(self.shape[-1]) if scale is None else scale
     scores = self.matmul(key.transpose(-1, -2)) * scale
     if is_causal: attn_mask = _causal_mask(self, self.shape[-2], key.shape[-2])

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple, Sequence
 from rawgrad.compiler.ir import Ops
 from rawgrad.dtype import dtypes, sum_acc_dtype
 from rawgrad.errors import ShapeError
-from rawgrad.tensor_ops.helpers import TensorBase, reduce_axes, resolve_axis
+from rawgrad.tensor_ops.helpers import TensorBase, reduce_axes, resolve_axis, with_gradient
 
 Axis = int | Sequence[int] | None
 
@@ -22,7 +22,9 @@ class ReduceOps(TensorBase):
   __slots__ = ()
 
   def prod(self, axis: Axis = None, keepdim: bool = False, dtype: Any = None):
-    return self.cast(dtype or sum_acc_dtype(self.dtype))._reduce(Ops.MUL, axis, keepdim)
+    dtype = dtype or sum_acc_dtype(self.dtype)
+    if dtype in (dtypes.float16, dtypes.bfloat16): return self.cast(dtypes.float32).prod(axis, keepdim).cast(dtype)
+    return self.cast(dtype)._reduce(Ops.MUL, axis, keepdim)
 
   def var(self, axis: Axis = None, keepdim: bool = False, correction: int = 1):
     """Variance with Bessel's correction by default (PyTorch's `correction=1`)."""
@@ -41,10 +43,15 @@ class ReduceOps(TensorBase):
     return self.std(axis, keepdim, correction), self.mean(axis, keepdim)
 
   def any(self, axis: Axis = None, keepdim: bool = False):
-    return self.cast(dtypes.bool).max(axis, keepdim)
+    x = self.cast(dtypes.bool)
+    # max has no identity; over an empty axis any is False, as a count of the true elements says
+    if _has_empty_axis(x, axis): return x.sum(axis, keepdim) != 0
+    return x.max(axis, keepdim)
 
   def all(self, axis: Axis = None, keepdim: bool = False):
-    return self.cast(dtypes.bool).min(axis, keepdim)
+    x = self.cast(dtypes.bool)
+    if _has_empty_axis(x, axis): return x.logical_not().sum(axis, keepdim) == 0
+    return x.min(axis, keepdim)
 
   def _positions(self, axis: int):
     """The index along `axis` of every element, as an int32 tensor of self's shape."""
@@ -68,7 +75,8 @@ class ReduceOps(TensorBase):
     return (-self).argmax(axis, keepdim)
 
   def logsumexp(self, axis: Axis = None, keepdim: bool = False):
-    peak = self.max(axis, keepdim=True)
+    # the shift by the peak cancels exactly, so it takes no part in the gradient
+    peak = self.max(axis, keepdim=True).detach()
     # a row of -inf has no finite peak to subtract: shift by 0 there so the result is -inf, not nan
     if dtypes.is_float(self.dtype): peak = ((peak == math.inf) | (peak == -math.inf)).where(0, peak)
     shifted = (self - peak).exp().sum(axis, keepdim=True).log() + peak
@@ -79,21 +87,46 @@ class ReduceOps(TensorBase):
     return self.reshape(tuple(s for i, s in enumerate(self.shape) if i not in axes))
 
   def softmax(self, axis: int = -1, dtype: Any = None):
-    x = self.cast(dtype) if dtype is not None else self
-    if not dtypes.is_float(x.dtype): x = x.cast(dtypes.default_float)
-    exponentials = (x - x.max(axis, keepdim=True)).exp()
-    return exponentials / exponentials.sum(axis, keepdim=True)
+    return softmax(_float(self, dtype), axis)
 
   def log_softmax(self, axis: int = -1, dtype: Any = None):
-    x = self.cast(dtype) if dtype is not None else self
-    if not dtypes.is_float(x.dtype): x = x.cast(dtypes.default_float)
-    # shift first: adding the peak back (as logsumexp does) would round away the small differences
-    shifted = x - x.max(axis, keepdim=True)
-    return shifted - shifted.exp().sum(axis, keepdim=True).log()
+    return log_softmax(_float(self, dtype), axis)
+
+  def softmin(self, axis: int = -1, dtype: Any = None):
+    return softmax(-_float(self, dtype), axis)
+
+  # *** sorting: each element's place in the order is the count of the elements that go before it ***
+
+  def sort(self, dim: int = -1, descending: bool = False, stable: bool = False) -> ValuesIndices:
+    """The values along `dim` in order, and their indices (int64). Always stable: equal values keep their order; nan
+    counts as larger than everything, as in PyTorch. O(size**2) comparisons per row, as one fused kernel."""
+    if self.ndim == 0: return ValuesIndices(self, self.zeros_like(dtypes.int64))
+    axis = resolve_axis(dim, self.ndim)
+    moved = self.transpose(axis, -1)
+    size = moved.shape[-1]
+    positions = type(self).arange(size, device=self.device)
+    # chosen[..., p, i]: element i lands at place p
+    chosen = _places(moved, descending).unsqueeze(-2) == positions.reshape(size, 1)
+    values = chosen.where(moved.unsqueeze(-2), _zero(self)).sum(-1).cast(self.dtype)
+    indices = chosen.where(positions.cast(dtypes.int64), 0).sum(-1)
+    return ValuesIndices(values.transpose(axis, -1), indices.transpose(axis, -1))
+
+  def argsort(self, dim: int = -1, descending: bool = False, stable: bool = False):
+    return self.sort(dim, descending, stable).indices
+
+  def topk(self, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> ValuesIndices:
+    """The k largest (or smallest) values along `dim` and their indices, in order (also when sorted=False)."""
+    axis = resolve_axis(dim, self.ndim)
+    size = self.shape[axis] if self.ndim else 1
+    if not 0 <= k <= size: raise ValueError(f"topk k={k} is out of range for dim {dim} of size {size}")
+    values, indices = self.sort(axis, descending=largest)
+    if self.ndim == 0: return ValuesIndices(values, indices)
+    return ValuesIndices(values.narrow(axis, 0, k), indices.narrow(axis, 0, k))
 
   # *** scans: element i along the axis combines elements 0..i, as one fused masked reduction ***
 
   def _scan(self, axis: int, fill: Any):
+    """The (..., size, size) windows of the scan along `axis` (moved last), entries after the diagonal `fill`."""
     axis = resolve_axis(axis, self.ndim)
     moved = self.transpose(axis, -1)
     size = moved.shape[-1]
@@ -105,15 +138,26 @@ class ReduceOps(TensorBase):
 
   def cumsum(self, axis: int = 0, dtype: Any = None):
     x = self.cast(dtype or sum_acc_dtype(self.dtype))
+    if x.ndim == 0: return x.reshape(1).cumsum(axis).reshape(())
     window, axis = x._scan(axis, 0)
     return window.sum(-1).transpose(axis, -1)
 
   def cumprod(self, axis: int = 0, dtype: Any = None):
     x = self.cast(dtype or sum_acc_dtype(self.dtype))
+    if x.ndim == 0: return x.reshape(1).cumprod(axis).reshape(())
     window, axis = x._scan(axis, 1)
     return window.prod(-1).transpose(axis, -1)
 
+  def logcumsumexp(self, axis: int = 0):
+    """log(cumsum(exp(self))) along `axis`, each prefix shifted by its own maximum (no overflow or underflow)."""
+    x = _float(self, None)
+    if x.ndim == 0 or x.shape[resolve_axis(axis, x.ndim)] == 0: return x
+    window, axis = x._scan(axis, -math.inf)
+    return window.logsumexp(-1).transpose(axis, -1)
+
   def cummax(self, axis: int = 0) -> ValuesIndices:
+    if self.ndim == 0 or self.shape[resolve_axis(axis, self.ndim)] == 0:
+      return ValuesIndices(self, self.zeros_like(dtypes.int64))  # nothing to scan
     lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)
     window, resolved = self._scan(axis, lowest)
     values = window.max(-1).transpose(resolved, -1)
@@ -135,3 +179,72 @@ class ReduceOps(TensorBase):
     hits = earlier & (moved.unsqueeze(-2) == target.unsqueeze(-1))
     return hits.where(positions.reshape(1, size), -1).max(-1).cast(dtypes.int64).transpose(axis, -1)
 
+
+# *** helpers ***
+
+def _float(x: Any, dtype: Any) -> Any:
+  """x in `dtype` if given, else in its own dtype if that is a float, else in the default float."""
+  x = x.cast(dtype) if dtype is not None else x
+  return x if dtypes.is_float(x.dtype) else x.cast(dtypes.default_float)
+
+
+def _zero(x: Any) -> Any:
+  return False if x.dtype == dtypes.bool else 0
+
+
+def _has_empty_axis(x: Any, axis: Axis) -> bool:
+  return x.ndim > 0 and any(x.shape[a] == 0 for a in reduce_axes(axis, x.ndim))
+
+
+def _places(x: Any, descending: bool) -> Any:
+  """The place of each element of the last axis in the stable order: how many elements go before it. nan is the
+  largest value (last ascending, first descending), equal values keep their order."""
+  size = x.shape[-1]
+  this, other = x.unsqueeze(-1), x.unsqueeze(-2)  # [..., i, j]: element i against element j
+  this_nan, other_nan = this != this, other != other
+  if descending: before = (other > this) | (other_nan & this_nan.logical_not())
+  else: before = (other < this) | (this_nan & other_nan.logical_not())
+  positions = type(x).arange(size, device=x.device)
+  earlier = positions.reshape(1, size) < positions.reshape(size, 1)
+  tie = (other == this) | (this_nan & other_nan)
+  return (before | (tie & earlier)).sum(-1)
+
+
+def softmax(x: Any, axis: int) -> Any:
+  """exp(x - max) / sum, differentiated as PyTorch does, result * (grad - sum(grad * result)), with the cancellation
+  at a dominant element taken out (see _dominant)."""
+  exponentials = (x - x.max(axis, keepdim=True).detach()).exp()
+  result = exponentials / exponentials.sum(axis, keepdim=True)
+
+  def rule(grad: Any, out: Any, _: Any) -> tuple[Any]:
+    dominant, others = _dominant(out, axis)
+    weighted = (grad * out).sum(axis, keepdim=True)
+    return (out * dominant.where(grad * others(out) - others(grad * out), grad - weighted),)
+  return with_gradient(result, (x,), rule)
+
+
+def log_softmax(x: Any, axis: int) -> Any:
+  """x - max - log(sum(exp(x - max))), differentiated as PyTorch does, grad - exp(result) * sum(grad), with the
+  cancellation at a dominant element taken out (see _dominant). The shift comes first: adding the peak back (as
+  logsumexp does) would round away small differences. The sum of the exponentials is 1 (the peak's) plus the rest,
+  so its logarithm is log1p(rest): the log-probability of a dominant element keeps its digits."""
+  shifted = x - x.max(axis, keepdim=True).detach()
+  at_peak = shifted == 0
+  rest = at_peak.where(0, shifted.exp()).sum(axis, keepdim=True) + (at_peak.sum(axis, keepdim=True) - 1)
+  result = shifted - rest.log1p()
+
+  def rule(grad: Any, out: Any, _: Any) -> tuple[Any]:
+    probability = out.exp()
+    dominant, others = _dominant(probability, axis)
+    total = grad.sum(axis, keepdim=True)
+    return (dominant.where(grad * others(probability) - probability * others(grad), grad - probability * total),)
+  return with_gradient(result, (x,), rule)
+
+
+def _dominant(probability: Any, axis: int) -> tuple[Any, Any]:
+  """Where a probability is above 1/2 (one element at most), 1 - p rounds away the other elements' share, and
+  grad - p * sum(grad) cancels. There the gradient is formed from sums over the other elements only, which are exact
+  up to their own rounding: (1 - p) = sum of the others' p, and sum(grad) - grad = sum of the others' grad. Returns
+  the mask and that sum over the others."""
+  dominant = probability > 0.5
+  return dominant, lambda values: dominant.where(0, values).sum(axis, keepdim=True)

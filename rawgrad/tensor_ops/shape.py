@@ -19,7 +19,7 @@ from rawgrad.dtype import DType, dtypes, least_upper_dtype
 from rawgrad.errors import ArgumentError, IndexOutOfRange, ShapeError
 from rawgrad.helpers import prod
 from rawgrad.tensor_ops.bounds import check_index_values
-from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg
+from rawgrad.tensor_ops.helpers import TensorBase, broadcast_shape, resolve_axis, shape_arg, with_gradient
 
 if TYPE_CHECKING:
   from rawgrad.tensor import Tensor
@@ -182,6 +182,63 @@ class ShapeOps(TensorBase):
     check_index_values(self, 0, num_classes, f"one_hot: class {{value}} is out of range for num_classes={num_classes}")
     return _one_hot_mask(self, num_classes).cast(dtypes.default_int)
 
+  def masked_select(self, mask: Tensor) -> Tensor:
+    """The elements where `mask` (broadcast with self) is True, as a 1-D tensor. Its length depends on the mask's
+    values, so the mask is realized and read first."""
+    if mask.dtype != dtypes.bool: raise TypeError(f"masked_select needs a bool mask, got {mask.dtype}")
+    shape = broadcast_shape(self.shape, mask.shape)
+    return self._broadcast_to(shape).flatten()[mask._broadcast_to(shape).flatten()]
+
+  def nonzero(self, as_tuple: bool = False) -> Any:
+    """The indices (int64) of the nonzero elements in row-major order: one row (n, ndim) each, or with as_tuple one
+    1-D tensor per dim. Their count depends on the values, so the mask is realized and read on the host first."""
+    mask = (self != 0).numpy()
+    if self.ndim == 0:
+      if as_tuple: return (type(self)(np.zeros(int(mask), np.int64), self.device),)
+      return type(self).zeros(int(mask), 0, dtype=dtypes.int64, device=self.device)
+    if as_tuple: return tuple(type(self)(p.astype(np.int64), self.device) for p in np.nonzero(mask))
+    return type(self)(np.argwhere(mask).astype(np.int64), self.device)
+
+  def diagonal(self, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Tensor:
+    """The diagonal `offset` (above the main one if positive) of the dims dim1 and dim2, as a new last dim."""
+    first, second = _axis(dim1, self.ndim), _axis(dim2, self.ndim)
+    if first == second: raise ValueError(f"diagonal dims {dim1} and {dim2} are the same")
+    moved = self.movedim((first, second), (-2, -1))
+    rows, cols = moved.shape[-2:]
+    length = max(0, min(rows, cols - offset) if offset >= 0 else min(rows + offset, cols))
+    top, left = max(-offset, 0), max(offset, 0)
+    square = moved[..., top:top + length, left:left + length]
+    # the diagonal of a square is every (length + 1)-th element of its rows read flat
+    return square.flatten(-2)[..., ::length + 1] if length else square.sum(-1)
+
+  def diag(self, diagonal: int = 0) -> Tensor:
+    """A 1-D tensor as the diagonal `diagonal` of a square matrix, or the diagonal of a 2-D tensor."""
+    if self.ndim == 2: return self.diagonal(diagonal)
+    if self.ndim != 1: raise ValueError(f"diag needs a 1-D or 2-D tensor, got shape {self.shape}")
+    size = self.shape[0]
+    # rows of size + 1 read flat as rows of size put element i at column i
+    square = self.reshape(size, 1).pad(((0, 0), (0, size))).flatten()[:size * size].reshape(size, size)
+    shift = abs(diagonal)
+    return square.pad(((0, shift), (shift, 0)) if diagonal >= 0 else ((shift, 0), (0, shift)))
+
+  @staticmethod
+  def meshgrid(*tensors: Any, indexing: str = "ij") -> tuple[Tensor, ...]:
+    """Coordinate grids from 1-D tensors: with 'ij' the grids have shape (len0, len1, ...), with 'xy' the first two
+    dims swap (len1, len0, ...), as numpy's default."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)): tensors = tuple(tensors[0])
+    if indexing not in ("ij", "xy"): raise ValueError(f"meshgrid indexing must be 'ij' or 'xy', got {indexing!r}")
+    if any(t.ndim > 1 for t in tensors):
+      raise ValueError(f"meshgrid takes 0-d or 1-D tensors, got shapes {[tuple(t.shape) for t in tensors]}")
+    order = list(range(len(tensors)))
+    if indexing == "xy" and len(tensors) > 1: order[0], order[1] = 1, 0
+    sizes = [tensors[i].numel() for i in order]
+    grids = []
+    for i, tensor in enumerate(tensors):
+      shape = [1] * len(tensors)
+      shape[order.index(i)] = tensor.numel()
+      grids.append(tensor.reshape(shape).expand(sizes))
+    return tuple(grids)
+
   # *** joining and splitting ***
 
   def cat(self, *tensors: Any, dim: int = 0) -> Tensor:
@@ -307,7 +364,8 @@ class ShapeOps(TensorBase):
   def scatter(self, dim: int, index: Tensor, src: Any, reduce: str | None = None) -> Tensor:
     """A copy of self with self[..., index[..., i, ...], ...] = src[..., i, ...] along `dim` (as torch.scatter);
     `src` may be a scalar. reduce='add' or 'multiply' combines with the old value instead. Where `index` repeats a
-    position without a reduce, torch leaves the result unspecified; here the values written there are summed."""
+    position without a reduce, the last write along `dim` wins (what PyTorch's CPU loop does; it leaves the choice
+    unspecified)."""
     if reduce not in (None, "add", "multiply"):
       raise ValueError(f"scatter reduce must be None, 'add' or 'multiply', got {reduce!r}")
     return self._scatter(dim, index, src, {None: "replace", "add": "sum", "multiply": "prod"}[reduce], True)
@@ -335,7 +393,7 @@ class ShapeOps(TensorBase):
     fit = _pad_axis_to(self.ndim, count.shape, self.shape)
     written, count = written.pad(fit, 1 if reduce == "prod" else 0), count.pad(fit)
     hit = count > 0
-    if reduce == "replace": return hit.where(written, self)
+    if reduce == "replace": return _replaced(self, source, index, hit, written, axis)
     if reduce == "mean":
       total = written + self if include_self else written
       return hit.where(_mean(total, count + int(include_self), self.dtype), self)
@@ -473,7 +531,8 @@ def _check_index_dtype(index: Any, what: str) -> None:
 
 def _pad_axis_with_mode(x: Tensor, axis: int, before: int, after: int, mode: str, pad: tuple) -> Tensor:
   size = x.shape[axis]
-  limit = size - 1 if mode == "reflect" else size
+  # replicate repeats the edge any number of times; reflect and circular read that many elements of the input
+  limit = {"reflect": size - 1, "circular": size}.get(mode, math.inf)
   if before > limit or after > limit or size == 0:
     raise ValueError(f"{mode} pad {pad} needs at most {limit} elements on each side of dim {axis} of {x.shape}")
   if mode == "reflect":
@@ -541,7 +600,26 @@ def _scatter_combine(hits: Tensor, source: Tensor, axis: int, reduce: str) -> Te
     chosen = hits.where(values, lowest)
     combined = chosen.max(axis) if reduce == "amax" else chosen.min(axis)
     return combined.cast(source.dtype).movedim(-1, axis)
+  if reduce == "replace" and hits.shape[axis]: hits = hits & _last_along(hits, axis)
   return hits.where(values, _zero(source.dtype)).sum(axis).cast(source.dtype).movedim(-1, axis)
+
+
+def _replaced(self: Tensor, source: Tensor, index: Tensor, hit: Tensor, written: Tensor, axis: int) -> Tensor:
+  """self with the written values where something was written, differentiated as PyTorch does: every source value
+  gets the gradient of the place it was sent to, whether or not a later write replaced it."""
+  tensor, hit_node, index_node = type(self), hit.uop, index.uop
+
+  def rule(grad: Tensor, _: Tensor, target: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    return tensor(hit_node).where(0, grad), grad.gather(axis, tensor(index_node))
+  return with_gradient(hit.where(written, self), (self, source), rule)
+
+
+def _last_along(hits: Tensor, axis: int) -> Tensor:
+  """True at the last hit along `axis` of each position (the last of several writes to one place)."""
+  shape = [1] * hits.ndim
+  shape[axis] = hits.shape[axis]
+  order = type(hits).arange(hits.shape[axis], device=hits.device).reshape(shape)
+  return order == hits.where(order, -1).max(axis, keepdim=True)
 
 
 # *** helpers: advanced indexing ***
@@ -774,10 +852,28 @@ def _resize_axis(tensor: Any, axis: int, out_size: int, mode: str, align_corners
   high = np.minimum(low + 1, in_size - 1)
   weight_shape = [1] * tensor.ndim
   weight_shape[axis] = out_size
-  weight = tensor_type((positions - low).astype(np.float32), tensor.device).reshape(weight_shape).cast(tensor.dtype)
+  weight = tensor_type((positions - low).astype(np.float32), tensor.device).reshape(weight_shape)
   below = tensor.index_select(axis, tensor_type(low, tensor.device))
   above = tensor.index_select(axis, tensor_type(high.astype(np.int32), tensor.device))
-  return below * (1 - weight) + above * weight
+  if dtypes.is_float(tensor.dtype): return below * (1 - weight).cast(tensor.dtype) + above * weight.cast(tensor.dtype)
+  return _blend_integers(below, above, positions - low, weight_shape)
+
+
+def _blend_integers(below: Tensor, above: Tensor, fraction: np.ndarray, weight_shape: list[int]) -> Tensor:
+  """below * (1 - fraction) + above * fraction for integer images as PyTorch computes it: in fixed point, with the
+  weights rounded to `precision` bits (as many as fit an int16 for the largest weight), the sum rounded half up and
+  clamped to the dtype's range."""
+  largest = float(np.max(np.maximum(fraction, 1 - fraction), initial=0.0))
+  precision = 0
+  while precision < 15 and int(0.5 + largest * 2 ** (precision + 1)) < 2 ** 15: precision += 1
+  tensor_type, device = type(below), below.device
+
+  def fixed(weights: np.ndarray) -> Tensor:
+    rounded = np.floor(0.5 + weights * 2 ** precision).astype(np.int32)
+    return tensor_type(rounded, device).reshape(weight_shape)
+  total = below.cast(dtypes.int32) * fixed(1 - fraction) + above.cast(dtypes.int32) * fixed(fraction)
+  rounded = (total + 2 ** (precision - 1)) >> precision
+  return rounded.clamp(dtypes.min(below.dtype), dtypes.max(below.dtype)).cast(below.dtype)
 
 
 _INTERPOLATE_MODES = ("nearest", "nearest-exact", "linear", "bilinear", "trilinear")
@@ -802,7 +898,8 @@ def _interpolate(self: Any, size: Any = None, scale_factor: Any = None, mode: st
     raise ShapeError(f"interpolate needs input and output sizes greater than 0, got input {tuple(self.shape[2:])} "
                      f"and output {tuple(sizes)}")
   result = self
-  for axis, out_size in zip(range(2, self.ndim), sizes):
+  # the last axis first: for integer inputs, which round after each axis, that is PyTorch's order
+  for axis, out_size in reversed(list(zip(range(2, self.ndim), sizes))):
     if out_size != result.shape[axis]: result = _resize_axis(result, axis, out_size, mode, align_corners)
   return result
 

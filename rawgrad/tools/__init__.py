@@ -1,1 +1,1 @@
-"""Command-line tools: `python -m rawgrad.tools.profile TRACE`."""
+"""Command-line tools: `python -m rawgrad.tools.profile TRACE`, `python -m rawgrad.tools.compare_torch`."""

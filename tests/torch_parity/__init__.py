@@ -1,0 +1,1 @@
+"""rawgrad against PyTorch: the ops of issue 17, forward and backward."""
