@@ -625,18 +625,25 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     schedule = cached_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
     becomes_map = schedule.becomes_map
     live = list(all_tensors)
-    # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is checked on its
-    # own, which costs nothing more; the others are walked together in one substitute, since they share most nodes.
-    walked = [tensor for tensor in live if "toposort" in tensor.uop.__dict__]
-    fresh = [tensor for tensor in live if "toposort" not in tensor.uop.__dict__]
-    kept: set[UOp] = set()
-    for tensor in walked:
-      if any(node in becomes_map for node in tensor.uop.toposort): tensor.uop = substitute(tensor.uop, becomes_map)
-      kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
+    # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is looked up on
+    # its own, which costs a lookup per realized node; the others are walked together in one substitute, since they
+    # share most nodes. `reached` collects the realized nodes some live tensor holds: their buffers are kept.
+    reached: set[UOp] = set()
+    fresh = []
+    for tensor in live:
+      if (order := tensor.uop.__dict__.get("toposort")) is None:
+        fresh.append(tensor)
+        continue
+      found = [node for node in becomes_map if node in order] if len(becomes_map) < len(order) else \
+              [node for node in order if node in becomes_map]
+      if found:
+        reached.update(found)
+        tensor.uop = substitute(tensor.uop, becomes_map)
     if fresh:
-      graph = substitute(UOp.sink(*(tensor.uop for tensor in fresh)), becomes_map)
-      for tensor, uop in zip(fresh, graph.src): tensor.uop = uop
-      kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
+      sink = UOp.sink(*(tensor.uop for tensor in fresh))
+      reached.update(node for node in sink.toposort if node in becomes_map)
+      for tensor, uop in zip(fresh, substitute(sink, becomes_map).src): tensor.uop = uop
+    kept = {base for node in reached if (base := buffer_base(becomes_map[node])) is not None}
     _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)
