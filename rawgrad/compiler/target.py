@@ -20,8 +20,11 @@ class Target:
   features: str = ""         # the LLVM feature string
   vector_bytes: int = 16     # the widest vector one instruction computes (CPU) or one thread loads (GPU)
   vector_registers: int = 16  # architectural vector registers (CPU); unused on GPUs
+  fma_units: int = 2         # vector multiply-add instructions a CPU core starts per cycle
+  fma_latency: int = 4       # cycles before a multiply-add's result can feed the next one
   registers_per_thread: int = 255  # GPU registers a thread may use
   l1_bytes: int = 32 << 10
+  l1_ways: int = 8           # associativity of the L1 data cache: lines of one set it holds at once
   l2_bytes: int = 1 << 20
   shared_memory_bytes: int = 0     # per block (GPU shared memory / LDS); 0 on the CPU
   warp_size: int = 1               # threads that run in lockstep (1 on the CPU)
@@ -107,24 +110,32 @@ def host_target(isa: str | None = None) -> Target:
   elif features.get("avx2") or features.get("avx"): vector_bytes, registers = 32, 16
   elif machine == "aarch64": vector_bytes, registers = 16, 32
   else: vector_bytes, registers = 16, 16
-  l1, l2 = _cache_sizes()
+  # every x86 core with FMA (Haswell and Zen on) and every 64-bit ARM core starts two vector multiply-adds a cycle;
+  # LLVM knows each CPU's pipes but llvmlite does not expose its scheduling model
+  fma_units = 2 if features.get("fma") or machine == "aarch64" else 1
+  caches = cache_geometry()
   return Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
-                features=flattened, vector_bytes=vector_bytes, vector_registers=registers, l1_bytes=l1, l2_bytes=l2,
+                features=flattened, vector_bytes=vector_bytes, vector_registers=registers, fma_units=fma_units,
+                l1_bytes=caches["l1_bytes"], l1_ways=caches["l1_ways"], l2_bytes=caches["l2_bytes"],
                 native_math=frozenset({"sqrt", "trunc", "sin"}))
 
 
-def _cache_sizes() -> tuple[int, int]:
-  """The L1 data and L2 cache sizes of cpu0 from sysfs (typical sizes where it says nothing)."""
-  sizes = {1: 32 << 10, 2: 1 << 20}
-  root = "/sys/devices/system/cpu/cpu0/cache"
+def cache_geometry(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:
+  """The L1 data cache's size and ways and the L2 cache's size, for cpu0 from sysfs (typical values where it says
+  nothing)."""
+  geometry = {"l1_bytes": 32 << 10, "l1_ways": 8, "l2_bytes": 1 << 20}
   try:
-    for entry in os.listdir(root):
-      with open(f"{root}/{entry}/level") as f: level = int(f.read())
-      with open(f"{root}/{entry}/type") as f: kind = f.read().strip()
-      with open(f"{root}/{entry}/size") as f: text = f.read().strip()
-      if level in sizes and kind in ("Data", "Unified"):
-        sizes[level] = int(text[:-1]) << (10 if text.endswith("K") else 20) if text[-1] in "KM" else int(text)
+    for entry in sorted(name for name in os.listdir(root) if name.startswith("index")):
+      level, kind = int(_read(f"{root}/{entry}/level")), _read(f"{root}/{entry}/type")
+      if level not in (1, 2) or kind not in ("Data", "Unified"): continue
+      text = _read(f"{root}/{entry}/size")
+      geometry[f"l{level}_bytes"] = int(text[:-1]) << (10 if text[-1] == "K" else 20) if text[-1] in "KM" else int(text)
+      if level == 1: geometry["l1_ways"] = int(_read(f"{root}/{entry}/ways_of_associativity"))
   except (OSError, ValueError):
     pass
-  return sizes[1], sizes[2]
+  return geometry
+
+
+def _read(path: str) -> str:
+  with open(path) as f: return f.read().strip()
 

@@ -2,7 +2,7 @@
 import llvmlite.binding as llvm
 import pytest
 
-from rawgrad.compiler.target import GPU_TARGETS, gpu_target, host_target
+from rawgrad.compiler.target import GPU_TARGETS, cache_geometry, gpu_target, host_target
 
 def test_host_target_describes_this_cpu() -> None:
   target = host_target("native")
@@ -38,6 +38,38 @@ def test_vector_width_and_registers_follow_the_features(cpu_features, features, 
   switched_off = {"-avx512fp16", "-amx-tile"} if features is SAPPHIRE_RAPIDS else set()
   if isa == "avx2": assert {"-avx512f", "+avx2", "+fma"} | switched_off <= set(flags)
   else: assert all(("+" if on else "-") + name in flags for name, on in features.items())
+
+
+@pytest.mark.parametrize("features, fma_units", [(SAPPHIRE_RAPIDS, 2), (ZEN3, 2), (NEHALEM, 1)])
+def test_fma_units_follow_the_features(cpu_features, features, fma_units) -> None:
+  cpu_features(features)
+  assert host_target("native").fma_units == fma_units
+
+
+def test_cpu_isa_in_the_environment_forces_the_feature_set(cpu_features, monkeypatch: pytest.MonkeyPatch) -> None:
+  cpu_features(SAPPHIRE_RAPIDS)
+  monkeypatch.setenv("CPU_ISA", "avx2")
+  assert (host_target().vector_bytes, host_target().vector_registers) == (32, 16)
+  host_target.cache_clear()
+  monkeypatch.setenv("CPU_ISA", "native")
+  assert (host_target().vector_bytes, host_target().vector_registers) == (64, 32)
+
+
+def _cache_entry(root, name: str, level: int, kind: str, size: str, ways: int) -> None:
+  entry = root / name
+  entry.mkdir()
+  for field, value in (("level", level), ("type", kind), ("size", size), ("ways_of_associativity", ways)):
+    (entry / field).write_text(f"{value}\n")
+
+
+def test_cache_geometry_reads_sysfs(tmp_path) -> None:
+  _cache_entry(tmp_path, "index0", 1, "Data", "48K", 12)
+  _cache_entry(tmp_path, "index1", 1, "Instruction", "32K", 8)
+  _cache_entry(tmp_path, "index2", 2, "Unified", "2048K", 16)
+  _cache_entry(tmp_path, "index3", 3, "Unified", "32M", 16)
+  (tmp_path / "uevent").write_text("")  # sysfs lists files beside the index folders
+  assert cache_geometry(str(tmp_path)) == {"l1_bytes": 48 << 10, "l1_ways": 12, "l2_bytes": 2 << 20}
+  assert cache_geometry(str(tmp_path / "missing")) == {"l1_bytes": 32 << 10, "l1_ways": 8, "l2_bytes": 1 << 20}
 
 
 def test_forcing_an_isa_the_cpu_lacks_or_an_unknown_one_raises(cpu_features) -> None:

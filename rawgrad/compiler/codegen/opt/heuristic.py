@@ -4,7 +4,10 @@
    reduce loop (a sum over rows), then that reduce loop. Its lanes fill one machine vector (AVX-512: 16 floats).
 2. Register blocking for reductions over an output vector axis (matmul, convolution, sums over columns): unroll the
    output loops along which a vector load does not move (each loaded vector then feeds several accumulators) and the
-   vector axis itself once more (each broadcast scalar then feeds two vectors), within the register file.
+   vector axis itself once more (each broadcast scalar then feeds two vectors). The block's shape comes from the
+   target: its accumulators, loaded vectors and broadcasts fit the vector registers, its rows (streams through memory
+   that may share one L1 set) the L1 cache's ways, and among the shapes that fit, one with enough accumulators to keep
+   the FMA units busy (units x latency) that loads the least per multiply-add.
 3. Separate accumulators for a reduction along the vector axis (sums over rows), so additions do not wait on each
    other.
 4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
@@ -28,8 +31,8 @@ from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, cons
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
 
-ACCUMULATOR_SHARE = 0.75       # of the vector registers hold accumulators; the rest hold loaded values
-MAX_ROW_BLOCK = 12             # rows of a register block: each is a stream through memory, more thrash the L1 sets
+BROADCASTS_IN_FLIGHT = 2        # registers a register block leaves for broadcast scalars (LLVM loads the next early)
+LONG_RUN = 8                    # vectors of a row read in a run before jumping to the next row
 PARALLEL_MIN_WORK = 1 << 17     # element-operations below which waking other cores costs more than it saves
 PARALLEL_MIN_SLICES = 8         # iterations a parallel loop should have, so slices balance between busy cores
 STAGE_SHARE = 0.5              # of the L2 cache one packed tile may use (and at most what a local buffer holds)
@@ -50,11 +53,10 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   store = next(a for a in accesses(ast) if a.is_store)
   itemsize = max(a.itemsize for a in accesses(ast))
   lanes = max(1, target.vector_bytes // itemsize)
-  accumulators = int(target.vector_registers * ACCUMULATOR_SHARE)
   work = _work(ast)
   vector_axis, across_reduce = _choose_vector_axis(plan, store)
   if vector_axis is not None:
-    _vectorize(plan, vector_axis, across_reduce, lanes, accumulators)
+    _vectorize(plan, vector_axis, across_reduce, lanes, target)
   stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
   staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce else None
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
@@ -87,7 +89,7 @@ def _choose_vector_axis(plan: Planner, store: Access) -> tuple[UOp | None, bool]
   return best, best in inner
 
 
-def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, accumulators: int) -> None:
+def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target: Target) -> None:
   """Upcast the axis, then give the reduction its accumulators (several vectors, or register blocks)."""
   amount = vector_amount(constant(size_of(axis)), lanes)
   if amount == 0: return
@@ -100,38 +102,55 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, accumu
       # separate accumulators so consecutive additions do not wait for each other
       plan.apply(OptOps.UNROLL, remaining, unroll_amount(constant(size_of(remaining)), max(1, 4 // vectors)))
     return
-  if plan.reduce_loops: _block_registers(plan, remaining, vectors, accumulators)
+  if plan.reduce_loops: _block_registers(plan, remaining, vectors, target)
 
 
-def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, accumulators: int) -> None:
+def register_block(target: Target, vectors: int, rows_available: int | None, widen: int) -> tuple[int, int]:
+  """The shape of a register block, (rows, copies): `rows` rows (at most rows_available) of `vectors*copies` vector
+  accumulators each, copies 1 or `widen` (copies of the vector axis; 0: none possible). Live at once: the
+  accumulators, one row's loaded vectors and the broadcasts in flight, within the vector registers; the rows are
+  streams through memory that may all map to one L1 set, so at most its ways. Among the shapes that fit, the one with
+  enough independent accumulators to keep the FMA units busy that loads the least per multiply-add."""
+  chains = target.fma_units * target.fma_latency
+  shapes = []
+  for copies in (1, widen) if widen >= 2 else (1,):
+    columns = vectors * copies
+    rows = min((target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns, target.l1_ways,
+               rows_available or target.l1_ways)
+    if rows >= 1: shapes.append((min(rows * columns, chains), -(rows + columns) / (rows * columns), rows, copies))
+  if not shapes: return 1, 1
+  _, _, rows, copies = max(shapes)
+  return rows, copies
+
+
+def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, target: Target) -> None:
   """Unroll output loops so each loaded value feeds several accumulators: the output loop along which a loaded vector
   does not move (a matmul's rows: each vector of B then feeds a block of rows), and the vector axis once more when
-  some load is a broadcast scalar (each broadcast then feeds two vectors). The rows are unrolled first so the copies
-  run row by row: a broadcast is used as soon as it is loaded, and LLVM keeps the block in registers (column by
-  column, all the broadcasts of a block are live at once and spill)."""
+  some load is a broadcast scalar (each broadcast then feeds two vectors), in the register_block's shape. The rows
+  are unrolled first so the copies run row by row: a broadcast is used as soon as it is loaded, and LLVM keeps the
+  block in registers (column by column, all the broadcasts of a block are live at once and spill)."""
   loads = [a for a in accesses(plan.ast) if not a.is_store]
-  budget = accumulators // vectors
-  across = 0
-  if vector_outer is not None and budget >= 4 and any(not plan.uses_lanes(a.index) for a in loads):
-    across = unroll_amount(constant(size_of(vector_outer)), 2)
   vector_loads = [a for a in loads if plan.uses_lanes(a.index)]
   reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
            and constant(size_of(r)) != 1]
-  if reuse:
-    rows = reuse[-1]
-    vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
-    rows_position, loops_before = plan.loops.index(rows), len(plan.loops)
-    # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
-    amount = min(constant(size_of(rows)) or MAX_ROW_BLOCK, budget // max(across, 1), MAX_ROW_BLOCK)
-    if amount >= 2: plan.apply(OptOps.UNROLL, rows, amount)
-    if vector_position is not None and across:
-      if len(plan.loops) < loops_before and rows_position < vector_position: vector_position -= 1
-      plan.apply(OptOps.UNROLL, plan.loops[vector_position], across)
-  elif vector_outer is not None and _jumps(plan, vector_loads):
+  if not reuse and vector_outer is not None and _jumps(plan, vector_loads):
     # nothing to reuse (a sum over columns): read longer runs of each row before jumping to the next
-    plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(8, budget)))
-  elif vector_outer is not None and across:
-    plan.apply(OptOps.UNROLL, vector_outer, across)
+    free = (target.vector_registers - BROADCASTS_IN_FLIGHT) // vectors
+    plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(LONG_RUN, free)))
+    return
+  broadcasts = any(not plan.uses_lanes(a.index) for a in loads)
+  widen = unroll_amount(constant(size_of(vector_outer)), 2) if vector_outer is not None and broadcasts else 0
+  rows_available = constant(size_of(reuse[-1])) if reuse else 1
+  amount, copies = register_block(target, vectors, rows_available, widen)
+  vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
+  loops_before = len(plan.loops)
+  # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
+  if reuse and amount >= 2:
+    rows_position = plan.loops.index(reuse[-1])
+    plan.apply(OptOps.UNROLL, reuse[-1], amount)
+    if len(plan.loops) < loops_before and vector_position is not None and rows_position < vector_position:
+      vector_position -= 1
+  if vector_position is not None and copies >= 2: plan.apply(OptOps.UNROLL, plan.loops[vector_position], copies)
 
 
 def _jumps(plan: Planner, loads: list[Access]) -> bool:
