@@ -9,7 +9,13 @@ and returns those tensors, so a training step is one schedule:
     Tensor.realize(loss, *opt.schedule_step())
 
 `step()` does the realize by itself. The learning rate is a 0-d tensor, `opt.lr`, read by the update kernels: change
-it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are constants in the kernels.
+it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are constants in the tensor graph,
+which the scheduler turns into kernel parameters.
+
+No update has a kernel of its own: `_update` is plain tensor math, and the scheduler fuses the assigns realized
+together (rangeify.group_kernels): one parameter's new value and state in one kernel, and all parameters of one
+element count in one kernel, so a step over N equal-sized parameters is a fixed number of kernels. A subclass
+that writes `_update` the same way gets the same.
 """
 from __future__ import annotations
 
