@@ -367,23 +367,37 @@ class KernelBuilder:
 
   @property
   def dims(self) -> tuple:
-    shapes = {root.shape for root in self.roots}
-    return self.roots[0].shape if len(shapes) == 1 else (prod(self.roots[0].shape),)
+    if len({root.shape for root in self.roots}) == 1: return self.roots[0].shape
+    return (sum(dict.fromkeys(prod(root.shape) for root in self.roots)),)
+
+  def layout(self) -> None:
+    """Where each root is computed: the shared ranges of one shape; or the flat range, each element count a part of
+    it from its offset on (roots of one count share a part), the other parts gated off."""
+    shared = fresh_ranges(self.dims, self.axes)
+    offsets: dict[int, int] = {}
+    for root in self.roots: offsets.setdefault(prod(root.shape), sum(offsets))
+    for root in self.roots:
+      if root.shape == self.dims:
+        self.computed_at[root] = (shared, TRUE)
+        continue
+      offset, size = offsets[prod(root.shape)], prod(root.shape)
+      flat, valid = shared[0] - offset, TRUE
+      if len(offsets) > 1: valid = (shared[0] < offset).logical_not() & (shared[0] < offset + size)
+      self.computed_at[root] = _simplified(_reshape_index((flat,), (size,), root.shape), valid)
 
   def build(self) -> UOp:
     for output in self.outputs: self.param(output)
-    shared = fresh_ranges(self.dims, self.axes)
-    for root in self.roots:
-      self.computed_at[root] = shared if root.shape == self.dims else _simplified(
-        _reshape_index(shared, self.dims, root.shape), TRUE)[0]
+    self.layout()
     stores = []
     for root, output in zip(self.roots, self.outputs):
-      value = self.lower(root, self.computed_at[root], TRUE)
+      idx, valid = self.computed_at[root]
+      value = self.lower(root, idx, valid)
+      gate = (valid,) if valid is not TRUE else ()
       store_index = UOp(Ops.INDEX, output.dtype.ptr(output.arg),
-                        (self.params[output], self.store_index(root, self.computed_at[root])))
+                        (self.params[output], self.store_index(root, idx), *gate))
       stores.append(UOp(Ops.STORE, dtypes.void, (store_index, value.cast(output.dtype))))
     sink = simplify(self.unbind(UOp.sink(*stores)))
-    name = kernel_name(self.roots[0], sink)
+    name = kernel_name(self.dims, sink)
     if len(self.roots) > 1: name = f"{name}_{len(self.roots)}outputs"
     return UOp(Ops.SINK, dtypes.void, parameterize(sink, self.var_values).src, name)
 
@@ -422,7 +436,7 @@ class KernelBuilder:
   def _lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
     if node in origins: self.operations[origins[node]] = None
     op = node.op
-    if node in self.buffers_of and not (self.computed_at.get(node) == idx and valid is TRUE):
+    if node in self.buffers_of and self.computed_at.get(node) != (idx, valid):
       return self.load(self.buffers_of[node], node.shape, idx, valid)
     if op is Ops.BUFFER: return self.load(node, node.shape, idx, valid)
     if op is Ops.CONST: return UOp.const(node.dtype, node.arg)
@@ -495,10 +509,10 @@ def _parameter(const: UOp, user: Ops, var_values: dict[UOp, int | float], count:
   return variable.cast(const.dtype)
 
 
-def kernel_name(root: UOp, kernel: UOp) -> str:
+def kernel_name(shape: tuple, kernel: UOp) -> str:
   """E_ for elementwise kernels, r_ for reductions, then the output shape (and the reduced sizes)."""
   reduces = [node for node in kernel.toposort if node.op is Ops.REDUCE]
-  sizes = "_".join(_size_name(as_index(s)) for s in root.shape) or "1"
+  sizes = "_".join(_size_name(as_index(s)) for s in shape) or "1"
   if not reduces: return f"E_{sizes}"
   reduced = "_".join(_size_name(r.src[0]) for node in reduces for r in node.src[1:])
   return f"r_{sizes}_{reduced}" if reduced else f"r_{sizes}"
@@ -574,8 +588,10 @@ class KernelEmitter:
           [[member] for member in group]
         return [built for half in halves for built in self.build(half)]
       if DEBUG >= 2:
+        counts = sorted({prod(member.shape) for member in group})
+        how = "over as many elements" if len(counts) == 1 else f"small, over their concatenated ranges {counts}"
         print(f"kernel {ast.arg}: {len(group)} outputs {[member.op.name for member in group]} in one kernel: "
-              "elementwise kernels realized together at one depth of the graph, over as many elements")
+              f"elementwise kernels realized together at one depth of the graph, {how}")
     if SPEC: verify_kernel(ast)
     if DEBUG >= 3:
       reasons = "; ".join(f"{member.op} because {self.realizes[member]}" for member in group)
@@ -600,6 +616,7 @@ class KernelEmitter:
 # *** step 6a: group kernels: the elementwise kernels of one depth and element count become one ***
 
 ELEMENTWISE = frozenset({*GroupOp.ALU, Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.REALIZE})
+CONCATENATED_ELEMENTS = 1 << 14
 
 
 class KernelCycle(RuntimeError):
@@ -655,9 +672,25 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
   groups: dict[tuple, list[UOp]] = {}
   for cluster in sorted(depth, key=lambda c: (depth[c], nodes.index(c[0]))):
     head = cluster[0]
-    key = (depth[cluster], head.device, prod(head.shape)) if fusable[head] else cluster
+    key = ("fusable", depth[cluster], head.device, prod(head.shape)) if fusable[head] else cluster
     groups.setdefault(key, []).extend(cluster)
-  return list(groups.values())
+  return _concatenate_small(groups)
+
+
+def _concatenate_small(groups: dict[tuple, list[UOp]]) -> list[list[UOp]]:
+  """Fusable groups of one depth and device with few elements in all become one kernel over their concatenated
+  ranges. Every element of such a kernel computes each part (the others gated off), so only kernels whose launch
+  costs more than that work are joined: up to CONCATENATED_ELEMENTS elements."""
+  merged: dict[tuple, list[UOp]] = {}
+  for key, group in groups.items():
+    if key[0] == "fusable" and key[3] <= CONCATENATED_ELEMENTS:
+      small = ("small", key[1], key[2])
+      elements = sum(dict.fromkeys(prod(node.shape) for node in merged.get(small, [])))
+      if elements + key[3] <= CONCATENATED_ELEMENTS:
+        merged.setdefault(small, []).extend(group)
+        continue
+    merged[key] = group
+  return list(merged.values())
 
 
 def _clusters(nodes: list[UOp], inline: set[tuple[UOp, UOp]]) -> dict[UOp, tuple[UOp, ...]]:

@@ -92,3 +92,11 @@ def test_kernels_per_step_independent_of_parameter_count(name: str, count: int) 
   optimizer = make(params)
   _kernels_per_step(optimizer, params)  # the first step may realize lazily initialized state
   assert _kernels_per_step(optimizer, params) <= 3
+
+
+@pytest.mark.parametrize("name", list(MAKERS))
+def test_small_parameters_of_different_sizes_share_a_kernel(name: str) -> None:
+  params = [Tensor(np.full(shape, 1.0, np.float32), requires_grad=True) for shape in SHAPES * 20]
+  optimizer = MAKERS[name](params)
+  _kernels_per_step(optimizer, params)
+  assert _kernels_per_step(optimizer, params) <= 3
