@@ -616,7 +616,7 @@ class KernelEmitter:
 # *** step 6a: group kernels: the elementwise kernels of one depth and element count become one ***
 
 ELEMENTWISE = frozenset({*GroupOp.ALU, Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.REALIZE})
-CONCATENATED_ELEMENTS = 1 << 14
+CONCATENATED_WORK = 1 << 17  # elements times parts of a kernel over concatenated ranges
 
 
 class KernelCycle(RuntimeError):
@@ -680,13 +680,13 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
 def _concatenate_small(groups: dict[tuple, list[UOp]]) -> list[list[UOp]]:
   """Fusable groups of one depth and device with few elements in all become one kernel over their concatenated
   ranges. Every element of such a kernel computes each part (the others gated off), so only kernels whose launch
-  costs more than that work are joined: up to CONCATENATED_ELEMENTS elements."""
+  costs more than that work are joined: elements times parts up to CONCATENATED_WORK."""
   merged: dict[tuple, list[UOp]] = {}
   for key, group in groups.items():
-    if key[0] == "fusable" and key[3] <= CONCATENATED_ELEMENTS:
+    if key[0] == "fusable":
       small = ("small", key[1], key[2])
-      elements = sum(dict.fromkeys(prod(node.shape) for node in merged.get(small, [])))
-      if elements + key[3] <= CONCATENATED_ELEMENTS:
+      counts = dict.fromkeys(prod(node.shape) for node in merged.get(small, []))
+      if (sum(counts) + key[3]) * (len(counts) + 1) <= CONCATENATED_WORK:
         merged.setdefault(small, []).extend(group)
         continue
     merged[key] = group
