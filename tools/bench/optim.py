@@ -68,6 +68,9 @@ def torch_step(shapes: list[tuple[int, ...]], **mode: bool) -> Callable[[], None
 
 def torch_times(shapes: list[tuple[int, ...]]) -> dict[str, float]:
   if torch is None: return {}
+  # one thread: torch's thread pool waits at its barriers by spinning, and on a small machine shared with rawgrad's
+  # CPU workers (and other work) a step then takes hundreds of milliseconds
+  torch.set_num_threads(1)
   times = best_times({"torch foreach": torch_step(shapes, foreach=True), "torch fused": torch_step(shapes, fused=True)})
   return {name: times[name] for name in ("torch foreach", "torch fused")}
 
