@@ -36,13 +36,15 @@ Index = tuple[UOp, ...]
 
 @dataclass(frozen=True)
 class ScheduleItem:
-  """One kernel: its AST (a SINK of one STORE) and the BUFFER nodes bound to its parameters, output first."""
+  """One kernel: its AST (a SINK of STOREs, one per output) and the BUFFER nodes bound to its parameters, outputs
+  first."""
   ast: UOp
   buffers: tuple[UOp, ...]
   var_values: tuple[tuple[UOp, int | float], ...] = ()
   dims: tuple = ()                 # the shape of what the kernel stores
   operations: tuple[str, ...] = ()  # the tensor operations it computes, where the profiler recorded them
   binds: tuple[tuple[UOp, UOp], ...] = ()  # (variable, the tensor graph's BIND node it takes its value from)
+  outputs: int = 1                  # how many of the buffers (the first) the kernel writes
 
   @property
   def name(self) -> str:
@@ -337,16 +339,20 @@ def drop_cheap_buffers(sink: UOp, realizes: dict[UOp, str], required: dict[UOp, 
 # *** step 6: emit kernels ***
 
 class KernelBuilder:
-  """Builds the kernel that stores `root` into its buffer: every other realized node is read from its buffer."""
+  """Builds the kernel that stores each of `roots` into its buffer (`outputs`, in the same order): every other
+  realized node is read from its buffer. Roots of one shape share its ranges; roots of different shapes (of one
+  element count) share one flat range, each unflattening it to its own shape. A root that another root reads at the
+  same index is computed once and stored, not read back from its buffer."""
 
-  def __init__(self, root: UOp, output: UOp, buffers_of: dict[UOp, UOp], memo: IndexMemo):
-    self.root, self.output, self.buffers_of, self.memo = root, output, buffers_of, memo
+  def __init__(self, roots: list[UOp], outputs: list[UOp], buffers_of: dict[UOp, UOp], memo: IndexMemo):
+    self.roots, self.outputs, self.buffers_of, self.memo = roots, outputs, buffers_of, memo
     self.params: dict[UOp, UOp] = {}
     self.var_values: dict[UOp, int | float] = {}
     self.binds: dict[UOp, UOp] = {}
     self.axes = itertools.count()
     self.cache: dict[tuple, UOp] = {}
     self.operations: dict[str, None] = {}
+    self.computed_at: dict[UOp, Index] = {}  # root -> the index this kernel computes it at
 
   def param(self, buffer: UOp) -> UOp:
     if buffer not in self.params:
@@ -359,33 +365,59 @@ class KernelBuilder:
     return UOp(Ops.LOAD, buffer.dtype, (UOp(Ops.INDEX, buffer.dtype.ptr(buffer.arg), (self.param(buffer), index,
                                                                                      *gate)),))
 
-  def build(self) -> UOp:
-    self.param(self.output)
-    idx = fresh_ranges(self.root.shape, self.axes)
-    value = self.lower(self.root, idx, TRUE)
-    store_index = UOp(Ops.INDEX, self.output.dtype.ptr(self.output.arg),
-                      (self.params[self.output], self.store_index(idx)))
-    store = UOp(Ops.STORE, dtypes.void, (store_index, value.cast(self.output.dtype)))
-    store = simplify(self.unbind(store))
-    return UOp(Ops.SINK, dtypes.void, (parameterize(store, self.var_values),), kernel_name(self.root, store))
+  @property
+  def dims(self) -> tuple:
+    if len({root.shape for root in self.roots}) == 1: return self.roots[0].shape
+    return (sum(dict.fromkeys(prod(root.shape) for root in self.roots)),)
 
-  def unbind(self, store: UOp) -> UOp:
+  def layout(self) -> None:
+    """Where each root is computed: the shared ranges of one shape; or the flat range, each element count a part of
+    it from its offset on (roots of one count share a part), the other parts gated off."""
+    shared = fresh_ranges(self.dims, self.axes)
+    offsets: dict[int, int] = {}
+    for root in self.roots: offsets.setdefault(prod(root.shape), sum(offsets))
+    for root in self.roots:
+      if root.shape == self.dims:
+        self.computed_at[root] = (shared, TRUE)
+        continue
+      offset, size = offsets[prod(root.shape)], prod(root.shape)
+      flat, valid = shared[0] - offset, TRUE
+      if len(offsets) > 1: valid = (shared[0] < offset).logical_not() & (shared[0] < offset + size)
+      self.computed_at[root] = _simplified(_reshape_index((flat,), (size,), root.shape), valid)
+
+  def build(self) -> UOp:
+    for output in self.outputs: self.param(output)
+    self.layout()
+    stores = []
+    for root, output in zip(self.roots, self.outputs):
+      idx, valid = self.computed_at[root]
+      value = self.lower(root, idx, valid)
+      gate = (valid,) if valid is not TRUE else ()
+      store_index = UOp(Ops.INDEX, output.dtype.ptr(output.arg),
+                        (self.params[output], self.store_index(root, idx), *gate))
+      stores.append(UOp(Ops.STORE, dtypes.void, (store_index, value.cast(output.dtype))))
+    sink = simplify(self.unbind(UOp.sink(*stores)))
+    name = kernel_name(self.dims, sink)
+    if len(self.roots) > 1: name = f"{name}_{len(self.roots)}outputs"
+    return UOp(Ops.SINK, dtypes.void, parameterize(sink, self.var_values).src, name)
+
+  def unbind(self, sink: UOp) -> UOp:
     """Bound variables (in sizes, hence in indices, or random draws' keys) become kernel parameters: the kernel is
     compiled once for every value, and the values travel in the argument block. Random draws' keys are renamed by
     order of appearance (`_r0`, `_r1`, ...), as one kernel may hold several draws."""
-    binds = {node: node.src[0] for node in store.toposort if node.op is Ops.BIND}
+    binds = {node: node.src[0] for node in sink.toposort if node.op is Ops.BIND}
     draws = itertools.count()
     for bind, variable in binds.items():
       if variable.arg[0] == RANDOM_DRAW:
         variable = binds[bind] = UOp.variable(f"_r{next(draws)}", *variable.arg[1:], variable.dtype)
       self.var_values[variable] = bind.src[1].arg
       self.binds[variable] = bind
-    return substitute(store, binds)
+    return substitute(sink, binds)
 
-  def store_index(self, idx: Index) -> UOp:
+  def store_index(self, root: UOp, idx: Index) -> UOp:
     """Where element `idx` of the root goes: the plain layout, or through the view an assign writes into."""
-    if self.root.op is not Ops.ASSIGN: return simplify(linear_index(idx, self.root.shape))
-    view = self.root.src[0]
+    if root.op is not Ops.ASSIGN: return simplify(linear_index(idx, root.shape))
+    view = root.src[0]
     while view.op is not Ops.BUFFER:
       if view.op is Ops.ASSIGN: view = view.src[0]
       elif view.op is Ops.EXPAND: raise ValueError("cannot assign into an expanded view: elements would alias")
@@ -404,7 +436,7 @@ class KernelBuilder:
   def _lower(self, node: UOp, idx: Index, valid: UOp) -> UOp:
     if node in origins: self.operations[origins[node]] = None
     op = node.op
-    if node is not self.root and node in self.buffers_of:
+    if node in self.buffers_of and self.computed_at.get(node) != (idx, valid):
       return self.load(self.buffers_of[node], node.shape, idx, valid)
     if op is Ops.BUFFER: return self.load(node, node.shape, idx, valid)
     if op is Ops.CONST: return UOp.const(node.dtype, node.arg)
@@ -477,10 +509,10 @@ def _parameter(const: UOp, user: Ops, var_values: dict[UOp, int | float], count:
   return variable.cast(const.dtype)
 
 
-def kernel_name(root: UOp, store: UOp) -> str:
+def kernel_name(shape: tuple, kernel: UOp) -> str:
   """E_ for elementwise kernels, r_ for reductions, then the output shape (and the reduced sizes)."""
-  reduces = [node for node in store.toposort if node.op is Ops.REDUCE]
-  sizes = "_".join(_size_name(as_index(s)) for s in root.shape) or "1"
+  reduces = [node for node in kernel.toposort if node.op is Ops.REDUCE]
+  sizes = "_".join(_size_name(as_index(s)) for s in shape) or "1"
   if not reduces: return f"E_{sizes}"
   reduced = "_".join(_size_name(r.src[0]) for node in reduces for r in node.src[1:])
   return f"r_{sizes}_{reduced}" if reduced else f"r_{sizes}"
@@ -492,9 +524,11 @@ def _size_name(size: UOp) -> str:
 
 # *** the pipeline ***
 
-def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
+def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None,
+                    argument_slots: Callable[[str], int] | None = None) -> Schedule:
   """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph. `on_kernel` is
-  called with each kernel as soon as it is built (in build order), so a caller can start compiling it."""
+  called with each kernel as soon as it is built (in build order), so a caller can start compiling it.
+  `argument_slots(device)` is how many buffers and variables one kernel on the device may take (unlimited if None)."""
   sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
@@ -502,29 +536,192 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   memo = IndexMemo()
   realizes = drop_cheap_buffers(sink, decide_buffers(sink, required, set(), memo), required, memo)
   buffers_of: dict[UOp, UOp] = {}
-  items: list[ScheduleItem] = []
-  roots: list[UOp] = []
   for node in sink.toposort:
     if node not in realizes: continue
-    if node.op is Ops.ASSIGN: buffer = assign_target_buffer(node.src[0])
+    if node.op is Ops.ASSIGN: buffers_of[node] = assign_target_buffer(node.src[0])
     else:
-      buffer = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), UOp(Ops.DEVICE, arg=node.device)),
-                   prod(node.shape))
-    buffers_of[node] = buffer
-    if prod(node.shape) == 0: continue  # nothing to compute for an empty result
+      buffers_of[node] = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()),
+                                                      UOp(Ops.DEVICE, arg=node.device)), prod(node.shape))
+  groups = group_kernels([node for node in buffers_of if prod(node.shape) != 0], realizes, set(sink.src))
+  kernels = KernelEmitter(buffers_of, memo, realizes, on_kernel, argument_slots)
+  try:
+    items, roots = kernels.emit(groups)
+    ordered = order_for_assigns(items, roots)
+  except KernelCycle:
+    if DEBUG >= 2: print("kernel groups: fusing would make two kernels each wait for the other; not fusing")
+    items, roots = kernels.emit([[node] for group in groups for node in group])
+    ordered = order_for_assigns(items, roots)
+  return Schedule(ordered, make_becomes_map(cleaned, buffers_of), realizes)
+
+
+class KernelEmitter:
+  """Builds the schedule items of the kernel groups: a copy item for a COPY, one kernel for the others. A group whose
+  kernel would write a buffer it also reads at another index, or take more arguments than its device allows, is
+  split (the halves of a large group, the members of a hazardous one)."""
+
+  def __init__(self, buffers_of: dict[UOp, UOp], memo: IndexMemo, realizes: dict[UOp, str],
+               on_kernel: Callable[[ScheduleItem], None] | None, argument_slots: Callable[[str], int] | None):
+    self.buffers_of, self.memo, self.realizes = buffers_of, memo, realizes
+    self.on_kernel, self.argument_slots = on_kernel, argument_slots
+
+  def emit(self, groups: list[list[UOp]]) -> tuple[list[ScheduleItem], list[tuple[UOp, ...]]]:
+    items: list[ScheduleItem] = []
+    roots: list[tuple[UOp, ...]] = []
+    for group in groups:
+      for item, members in self.build(group):
+        items.append(item)
+        roots.append(members)
+        if self.on_kernel is not None and item.ast.op is not Ops.COPY: self.on_kernel(item)
+    return items, roots
+
+  def build(self, group: list[UOp]) -> list[tuple[ScheduleItem, tuple[UOp, ...]]]:
+    node = group[0]
     if node.op is Ops.COPY:
-      items.append(copy_item(node, buffer, buffers_of.get(node.src[0]) or buffer_base(node.src[0])))
-      roots.append(node)
-      continue
-    builder = KernelBuilder(node, buffer, buffers_of, memo)
+      source = self.buffers_of.get(node.src[0]) or buffer_base(node.src[0])
+      return [(copy_item(node, self.buffers_of[node], source), (node,))]
+    builder = KernelBuilder(group, [self.buffers_of[member] for member in group], self.buffers_of, self.memo)
     ast = builder.build()
+    if len(group) > 1:
+      if (problem := self.unfusable(ast, builder, node.device)) is not None:
+        if DEBUG >= 2: print(f"kernel group of {len(group)} outputs split: {problem}")
+        halves = [group[:len(group) // 2], group[len(group) // 2:]] if "arguments" in problem else \
+          [[member] for member in group]
+        return [built for half in halves for built in self.build(half)]
+      if DEBUG >= 2:
+        counts = sorted({prod(member.shape) for member in group})
+        how = "over as many elements" if len(counts) == 1 else f"small, over their concatenated ranges {counts}"
+        print(f"kernel {ast.arg}: {len(group)} outputs {[member.op.name for member in group]} in one kernel: "
+              f"elementwise kernels realized together at one depth of the graph, {how}")
     if SPEC: verify_kernel(ast)
-    items.append(ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(node.shape),
-                              tuple(builder.operations), tuple(builder.binds.items())))
-    if on_kernel is not None: on_kernel(items[-1])
-    roots.append(node)
-    if DEBUG >= 3: print(f"kernel {ast.arg}: buffer for {node.op} because {realizes[node]}\n{ast}")
-  return Schedule(order_for_assigns(items, roots), make_becomes_map(cleaned, buffers_of), realizes)
+    if DEBUG >= 3:
+      reasons = "; ".join(f"{member.op} because {self.realizes[member]}" for member in group)
+      print(f"kernel {ast.arg}: buffer for {reasons}\n{ast}")
+    item = ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(builder.dims),
+                        tuple(builder.operations), tuple(builder.binds.items()), len(group))
+    return [(item, tuple(group))]
+
+  def unfusable(self, ast: UOp, builder: KernelBuilder, device: str) -> str | None:
+    """Why this multi-output kernel cannot run as one (None if it can)."""
+    if self.argument_slots is not None:
+      wanted, limit = len(builder.params) + len(builder.var_values), self.argument_slots(device)
+      if wanted > limit: return f"{wanted} arguments, more than the {limit} a kernel on {device} takes"
+    if len(set(builder.outputs)) < len(builder.outputs): return "two outputs write one buffer"
+    stored = {store.src[0].src[0]: store.src[0].src[1] for store in ast.src}
+    for node in ast.toposort:
+      if node.op is Ops.LOAD and (index := node.src[0]).src[0] in stored and stored[index.src[0]] is not index.src[1]:
+        return f"it reads parameter {index.src[0].arg} at another index than it writes it"
+    return None
+
+
+# *** step 6a: group kernels: the elementwise kernels of one depth and element count become one ***
+
+ELEMENTWISE = frozenset({*GroupOp.ALU, Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Ops.REALIZE})
+CONCATENATED_WORK = 1 << 17  # elements times parts of a kernel over concatenated ranges
+
+
+class KernelCycle(RuntimeError):
+  pass
+
+
+def kernel_reads(root: UOp, realizes: dict[UOp, str]) -> tuple[dict[UOp, bool], bool]:
+  """The realized nodes the kernel of `root` reads, each True where every path to it is elementwise (it is read at
+  the index the root is computed at), and whether the kernel reduces."""
+  reads: dict[UOp, bool] = {}
+  reduces, seen = False, set()
+  stack = _walk_sources(root, True)
+  while stack:
+    node, same_index = stack.pop()
+    if (node, same_index) in seen: continue
+    seen.add((node, same_index))
+    if node in realizes:
+      reads[node] = reads.get(node, True) and same_index and node.shape == root.shape
+      continue
+    reduces = reduces or node.op is Ops.REDUCE_AXIS
+    stack.extend(_walk_sources(node, same_index))
+  return reads, reduces
+
+
+def _walk_sources(node: UOp, same_index: bool) -> list[tuple[UOp, bool]]:
+  if node.op is Ops.ASSIGN: return [(node.src[0], False), (node.src[1], same_index)]
+  return [(source, same_index and node.op in ELEMENTWISE) for source in node.src]
+
+
+def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp]) -> list[list[UOp]]:
+  """The realized nodes (in toposort order) in groups that become one kernel each, in dependency order.
+
+  Fusable nodes are the outputs and assigns realized together that are elementwise and constant-sized. A fusable
+  node read at the same index by a fusable node of its shape is computed in the consumer's kernel (a cluster: an
+  Adam update's `m`, `v` and parameter). A cluster's depth is the longest chain of kernels it waits for; fusable
+  clusters of one depth, device and element count are one group, as launches are what such kernels cost.
+  Reductions keep a kernel of their own (their opts are chosen for them alone), and so do the buffers the scheduler
+  or a contiguous() asks for, which are boundaries on purpose."""
+  reads: dict[UOp, dict[UOp, bool]] = {}
+  fusable: dict[UOp, bool] = {}
+  for node in nodes:
+    reads[node], reduces = kernel_reads(node, realizes)
+    fusable[node] = (node in outputs or node.op is Ops.ASSIGN) and node.op is not Ops.COPY and not reduces and \
+      all(isinstance(size, int) for size in node.shape)
+  inline = {(node, m) for node in nodes for m, same_index in reads[node].items()
+            if same_index and fusable[node] and fusable.get(m, False) and m.device == node.device}
+  clusters = _clusters(nodes, inline)
+  while True:
+    depth = _cluster_depths(nodes, reads, clusters)
+    if len(depth) == len(set(clusters.values())): break
+    # clusters on a cycle (a member waits for a kernel that waits for another member) are taken apart
+    clusters = {node: cluster if cluster in depth else (node,) for node, cluster in clusters.items()}
+  groups: dict[tuple, list[UOp]] = {}
+  for cluster in sorted(depth, key=lambda c: (depth[c], nodes.index(c[0]))):
+    head = cluster[0]
+    key = ("fusable", depth[cluster], head.device, prod(head.shape)) if fusable[head] else cluster
+    groups.setdefault(key, []).extend(cluster)
+  return _concatenate_small(groups)
+
+
+def _concatenate_small(groups: dict[tuple, list[UOp]]) -> list[list[UOp]]:
+  """Fusable groups of one depth and device with few elements in all become one kernel over their concatenated
+  ranges. Every element of such a kernel computes each part (the others gated off), so only kernels whose launch
+  costs more than that work are joined: elements times parts up to CONCATENATED_WORK."""
+  merged: dict[tuple, list[UOp]] = {}
+  for key, group in groups.items():
+    if key[0] == "fusable":
+      small = ("small", key[1], key[2])
+      counts = dict.fromkeys(prod(node.shape) for node in merged.get(small, []))
+      if (sum(counts) + key[3]) * (len(counts) + 1) <= CONCATENATED_WORK:
+        merged.setdefault(small, []).extend(group)
+        continue
+    merged[key] = group
+  return list(merged.values())
+
+
+def _clusters(nodes: list[UOp], inline: set[tuple[UOp, UOp]]) -> dict[UOp, tuple[UOp, ...]]:
+  """Each node's cluster: the nodes joined to it by inline reads, in toposort order."""
+  parent = {node: node for node in nodes}
+  def find(node: UOp) -> UOp:
+    while parent[node] is not node: node = parent[node]
+    return node
+  for consumer, producer in inline: parent[find(consumer)] = find(producer)
+  members: dict[UOp, list[UOp]] = defaultdict(list)
+  for node in nodes: members[find(node)].append(node)
+  clusters = {root: tuple(cluster) for root, cluster in members.items()}
+  return {node: clusters[find(node)] for node in nodes}
+
+
+def _cluster_depths(nodes: list[UOp], reads: dict[UOp, dict[UOp, bool]],
+                    clusters: dict[UOp, tuple[UOp, ...]]) -> dict[tuple[UOp, ...], int]:
+  """The depth of every cluster not on a cycle of the clusters' dependencies."""
+  waits_for: dict[tuple, set[tuple]] = defaultdict(set)
+  for node in nodes:
+    waits_for[clusters[node]].update(clusters[m] for m in reads[node] if clusters[m] != clusters[node])
+  depth: dict[tuple, int] = {}
+  pending = list(dict.fromkeys(clusters.values()))
+  progress = True
+  while progress:
+    progress = False
+    for cluster in pending:
+      if cluster not in depth and waits_for[cluster] <= depth.keys():
+        depth[cluster] = max((depth[d] + 1 for d in waits_for[cluster]), default=0)
+        progress = True
+  return depth
 
 
 def copy_item(node: UOp, dest: UOp, source: UOp) -> ScheduleItem:
@@ -549,21 +746,22 @@ def make_becomes_map(cleaned: dict[UOp, UOp], buffers_of: dict[UOp, UOp]) -> dic
   return becomes_map
 
 
-def order_for_assigns(items: list[ScheduleItem], roots: list[UOp]) -> list[ScheduleItem]:
+def order_for_assigns(items: list[ScheduleItem], roots: list[tuple[UOp, ...]]) -> list[ScheduleItem]:
   """Dependency order, plus: a kernel that reads a buffer's old value runs before the assign that overwrites it."""
+  below = [set().union(*(root.toposort for root in group)) for group in roots]
   must_precede: dict[int, set[int]] = {i: set() for i in range(len(items))}
-  for i, root in enumerate(roots):
+  for i in range(len(items)):
     for j, other in enumerate(roots):
-      if i != j and other in root.toposort: must_precede[i].add(j)
-  for i, root in enumerate(roots):
-    if root.op is not Ops.ASSIGN: continue
-    target = items[i].buffers[0]
-    for j, item in enumerate(items):
-      if j != i and target in item.buffers[1:] and root not in roots[j].toposort: must_precede[i].add(j)
+      if i != j and any(root in below[i] for root in other): must_precede[i].add(j)
+  for i, group in enumerate(roots):
+    for root, target in zip(group, items[i].buffers):
+      if root.op is not Ops.ASSIGN: continue
+      for j, item in enumerate(items):
+        if j != i and target in item.buffers[item.outputs:] and root not in below[j]: must_precede[i].add(j)
   ordered, done = [], set()
   while len(ordered) < len(items):
     ready = [i for i in range(len(items)) if i not in done and must_precede[i] <= done]
-    if not ready: raise RuntimeError("assigns form a cycle: two kernels each need the other's old buffer contents")
+    if not ready: raise KernelCycle("assigns form a cycle: two kernels each need the other's old buffer contents")
     done.add(ready[0])
     ordered.append(items[ready[0]])
   return ordered

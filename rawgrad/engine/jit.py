@@ -35,6 +35,7 @@ class CapturedKernel:
   var_values: dict[UOp, int]
   dims: tuple = ()
   operations: tuple[str, ...] = ()
+  outputs: int = 1                  # how many of the buffers (the first) the kernel writes
 
 
 @dataclass
@@ -102,7 +103,7 @@ def replan_temporaries(items: list[Any], protected: set[int]) -> list[Any]:
   # reordering is only safe when every arena view is re-placed: views of a kept arena may share bytes, and their
   # placements were only checked for the order the items were captured in
   if shared: order = list(range(len(items)))
-  else: order = order_for_memory(uses, [item.buffers[0] if item.buffers else None for item in items], sizes)
+  else: order = order_for_memory(uses, [_written(item) for item in items], sizes)
   new_items = [items[i] for i in order]
   old_bytes = sum(bases[i].nbytes for i in {id(b.base) for b in internal})
   new_views: dict[int, Buffer] = {}
@@ -119,6 +120,11 @@ def replan_temporaries(items: list[Any], protected: set[int]) -> list[Any]:
   for node, buffer in list(_buffers.items()):
     if id(buffer) in new_views: _buffers[node] = new_views[id(buffer)]
   return new_items
+
+
+def _written(item: Any) -> list[Buffer]:
+  if isinstance(item, CapturedCopy): return [item.dest]
+  return item.buffers[:item.outputs]
 
 
 @dataclass

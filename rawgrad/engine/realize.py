@@ -99,7 +99,7 @@ def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = No
     runner = compiler.runner(item_device(item), item.ast)
     var_values = dict(item.var_values)
     if (capture := capturing()) is not None:
-      capture.items.append(CapturedKernel(runner, buffers, var_values, item.dims, item.operations))
+      capture.items.append(CapturedKernel(runner, buffers, var_values, item.dims, item.operations, item.outputs))
     times = runner(buffers, var_values, timed)
     cost = runner.cost(var_values)
     GlobalCounters.kernel_count += 1
@@ -127,8 +127,8 @@ def _kernel_line(name: str, device: str, seconds: float, cost: KernelCost) -> st
 
 def plan_temporaries(items: list[ScheduleItem], kept: set[UOp]) -> None:
   """Buffers a schedule creates and no tensor keeps are temporaries: pack them into one arena per device."""
-  temporaries = {item.buffers[0]: item.buffers[0].arg * item.buffers[0].dtype.itemsize for item in items
-                 if item.buffers[0] not in kept and not buffer_for(item.buffers[0]).is_allocated}
+  temporaries = {output: output.arg * output.dtype.itemsize for item in items for output in item.buffers[:item.outputs]
+                 if output not in kept and not buffer_for(output).is_allocated}
   for device in sorted({node.src[1].arg for node in temporaries}):
     on_device = {node: nbytes for node, nbytes in temporaries.items() if node.src[1].arg == device}
     if len(on_device) < 2: continue

@@ -19,6 +19,7 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.helpers import LRUCache, getenv, unique_id
+from rawgrad.runtime.device import Device
 
 SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
 
@@ -38,10 +39,10 @@ stats = {"hits": 0, "misses": 0}
 
 def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
   """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before."""
-  if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
+  if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel, argument_slots)
   nodes = list(UOp.sink(*outputs).toposort)
   key = _structure_key(nodes)
-  if key is None: return create_schedule(outputs, on_kernel)
+  if key is None: return create_schedule(outputs, on_kernel, argument_slots)
   if (template := _templates.get(key)) is not None:
     stats["hits"] += 1
     schedule = _fill(template, nodes)
@@ -49,9 +50,14 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
       for item in schedule.items: on_kernel(item)
     return schedule
   stats["misses"] += 1
-  schedule = create_schedule(outputs, on_kernel)
+  schedule = create_schedule(outputs, on_kernel, argument_slots)
   if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
   return schedule
+
+
+def argument_slots(device: str) -> int:
+  """How many buffer addresses and variable values (8 bytes each) one kernel on the device takes."""
+  return Device[device].target.kernarg_bytes // 8
 
 
 def _structure_key(nodes: list[UOp]) -> bytes | None:
@@ -84,7 +90,7 @@ def _make_template(schedule: Schedule, nodes: list[UOp]) -> _Template | None:
     if any(bind not in position for _, bind in item.binds): return None
     placeholders = {**inputs, **fresh}
     items.append(ScheduleItem(item.ast, tuple(placeholders[b] for b in item.buffers), item.var_values, item.dims,
-                              item.operations))
+                              item.operations, outputs=item.outputs))
     bound_at.append(tuple((variable, position[bind]) for variable, bind in item.binds))
   placeholders = {**inputs, **fresh}
   becomes = []
@@ -107,6 +113,6 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
     values = dict(item.var_values)
     for variable, i in bound_at: values[variable] = nodes[i].src[1].arg
     items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), tuple(values.items()), item.dims,
-                              item.operations, tuple((variable, nodes[i]) for variable, i in bound_at)))
+                              item.operations, tuple((variable, nodes[i]) for variable, i in bound_at), item.outputs))
   becomes = {nodes[i]: substitute(view, buffers) for i, view in template.becomes}
   return Schedule(items, becomes)

@@ -9,7 +9,13 @@ and returns those tensors, so a training step is one schedule:
     Tensor.realize(loss, *opt.schedule_step())
 
 `step()` does the realize by itself. The learning rate is a 0-d tensor, `opt.lr`, read by the update kernels: change
-it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are constants in the kernels.
+it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are constants in the tensor graph,
+which the scheduler turns into kernel parameters.
+
+No update has a kernel of its own: `_update` is plain tensor math, and the scheduler fuses the assigns realized
+together (rangeify.group_kernels): one parameter's new value and state in one kernel, and all parameters of one
+element count in one kernel, so a step over N equal-sized parameters is a fixed number of kernels. A subclass
+that writes `_update` the same way gets the same.
 """
 from __future__ import annotations
 
@@ -128,9 +134,10 @@ class SGD(Optimizer):
 
 
 class _MomentOptimizer(Optimizer):
-  """Adam's state, shared with LAMB: per parameter the first and second moments stacked in one buffer of shape
-  (2, *param.shape), so one kernel updates both, and beta1**t, beta2**t in one float64 buffer: the bias corrections
-  in double precision match torch's, which computes them on the host."""
+  """Adam's state, shared with LAMB: per parameter the first and second moments (buffers of its shape: the whole
+  update of a parameter is elementwise, so the scheduler stores the moments and the parameter in one kernel), and
+  beta1**t, beta2**t in one float64 buffer: the bias corrections in double precision match torch's, which computes
+  them on the host."""
 
   def __init__(self, params: Sequence[Tensor], lr: float, betas: tuple[float, float], eps: float,
                weight_decay: float):
@@ -139,18 +146,15 @@ class _MomentOptimizer(Optimizer):
     if eps < 0 or weight_decay < 0: raise ValueError(f"invalid eps {eps} or weight_decay {weight_decay}")
     self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
     device = self.params[0].device
-    self.moments = [self._state_like(p, count=2) for p in self.params]
+    self.exp_avgs = [self._state_like(p) for p in self.params]
+    self.exp_avg_sqs = [self._state_like(p) for p in self.params]
     self._position = {id(p): i for i, p in enumerate(self.params)}
     self.beta_powers = _vector([1.0, 1.0], dtypes.float64, device)
     self._beta_vector = _vector(list(betas), dtypes.float64, device)
 
   @property
-  def exp_avgs(self) -> list[Tensor]:
-    return [moments[0] for moments in self.moments]
-
-  @property
-  def exp_avg_sqs(self) -> list[Tensor]:
-    return [moments[1] for moments in self.moments]
+  def moments(self) -> list[Tensor]:
+    return [*self.exp_avgs, *self.exp_avg_sqs]
 
   def _advance_beta_powers(self) -> tuple[Tensor, Tensor]:
     """beta1**t and beta2**t for the step t about to happen."""
@@ -160,12 +164,11 @@ class _MomentOptimizer(Optimizer):
   def _update_moments(self, param: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
     """Assign the new first and second moments of param; return them."""
     beta1, beta2 = self.betas
-    moments = self.moments[self._position[id(param)]]
-    # the old moments are read whole, not through views of their halves: reading the buffer being written through
-    # another view is a hazard the scheduler resolves with an extra copy
-    decay = (Tensor.arange(2, device=param.device) == 0).where(beta1, beta2).reshape(2, *(1,) * param.ndim)
-    moments.assign(moments * decay.cast(moments.dtype) + Tensor.stack(grad * (1 - beta1), grad * grad * (1 - beta2)))
-    return moments[0], moments[1]
+    position = self._position[id(param)]
+    first, second = self.exp_avgs[position], self.exp_avg_sqs[position]
+    first.assign(first * beta1 + grad * (1 - beta1))
+    second.assign(second * beta2 + grad * grad * (1 - beta2))
+    return first, second
 
 
 class Adam(_MomentOptimizer):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Sequence
 
 from rawgrad.helpers import round_up
 
@@ -55,13 +56,13 @@ def release_range(free: list[tuple[int, int]], offset: int, nbytes: int) -> None
     free[i - 1:i + 1] = [(free[i - 1][0], free[i - 1][1] + free[i][1])]
 
 
-def order_for_memory(uses: list[list[object]], writes: list[object | None], sizes: dict[object, int]) -> list[int]:
+def order_for_memory(uses: list[list[object]], writes: list[Sequence[object]], sizes: dict[object, int]) -> list[int]:
   """An order of the steps that keeps the buffers in `sizes` alive for less time, respecting every dependency.
 
-  Step i reads uses[i] and writes writes[i] (or nothing); a step runs after the last earlier writer of what it
-  touches, and a writer after the earlier readers of what it overwrites, so every step sees the same values as in
-  the given order. Greedy: among the ready steps, run the one that allocates the fewest and frees the most bytes
-  of `sizes` (ties: the earliest in the given order)."""
+  Step i reads uses[i] and writes writes[i] (a kernel with several outputs writes several); a step runs after the
+  last earlier writer of what it touches, and a writer after the earlier readers of what it overwrites, so every
+  step sees the same values as in the given order. Greedy: among the ready steps, run the one that allocates the
+  fewest and frees the most bytes of `sizes` (ties: the earliest in the given order)."""
   count = len(uses)
   deps: list[set[int]] = [set() for _ in range(count)]
   last_writer: dict[object, int] = {}
@@ -70,11 +71,11 @@ def order_for_memory(uses: list[list[object]], writes: list[object | None], size
   for step in range(count):
     touched, written = set(uses[step]), writes[step]
     deps[step].update(last_writer[b] for b in touched if b in last_writer)
-    if written is not None: deps[step].update(readers.pop(written, []))
+    for buffer in written: deps[step].update(readers.pop(buffer, []))
     for buffer in touched:
-      if buffer is not written: readers.setdefault(buffer, []).append(step)
+      if not any(buffer is w for w in written): readers.setdefault(buffer, []).append(step)
       if buffer in sizes: remaining[buffer] = remaining.get(buffer, 0) + 1
-    if written is not None: last_writer[written] = step
+    for buffer in written: last_writer[buffer] = step
     deps[step].discard(step)
   children: list[list[int]] = [[] for _ in range(count)]
   for step, before in enumerate(deps):

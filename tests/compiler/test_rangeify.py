@@ -343,3 +343,48 @@ def test_reshape_groups_pair_the_smallest_runs() -> None:
   assert _reshape_groups((4, 6), (8, 3)) == [([0, 1], [0, 1])]
   assert _reshape_groups((5, 1), (5,)) == [([0, 1], [0])]
   assert _reshape_groups((3, UOp.range(4, 0)), (12,)) is None
+
+
+# *** multi-output kernels ***
+
+def test_outputs_realized_together_share_a_kernel() -> None:
+  a, b, c = rand(3, 4), rand(4, 3, seed=1), rand(5, seed=2)
+  x, y, z, w = Tensor(a) * 2 + 1, (Tensor(b) * 3).exp(), Tensor(a).permute(1, 0) + Tensor(b), Tensor(c) + 1
+  schedule = schedule_of(x, y, z, w)
+  # x, y and z have 12 elements each: one flat range; w's 5 elements follow them in one concatenated range
+  assert [item.outputs for item in schedule.items] == [4] and schedule.items[0].dims == (17,)
+  realize_tensors([x, y, z, w])
+  for tensor, expected in ((x, a * 2 + 1), (y, np.exp(b * 3)), (z, a.T + b), (w, c + 1)):
+    np.testing.assert_allclose(tensor.numpy(), expected, rtol=1e-6)
+
+
+def test_an_assign_read_at_the_same_index_is_computed_once_with_its_reader() -> None:
+  momentum, param, grad = Tensor(rand(4, 4)), Tensor(rand(4, 4, seed=1)), rand(4, 4, seed=2)
+  expected_momentum = momentum.numpy() * 0.5 + grad
+  expected_param = param.numpy() - expected_momentum * 0.1
+  momentum.assign(momentum * 0.5 + Tensor(grad))
+  param.assign(param - momentum * 0.1)
+  schedule = schedule_of(param, momentum)
+  assert len(schedule.items) == 1 and schedule.items[0].outputs == 2
+  realize_tensors([param, momentum])
+  np.testing.assert_allclose(momentum.numpy(), expected_momentum, rtol=1e-6)
+  np.testing.assert_allclose(param.numpy(), expected_param, rtol=1e-6)
+
+
+def test_a_kernel_that_would_read_what_it_overwrites_elsewhere_is_split() -> None:
+  # y's new value reads x's old buffer transposed while x is overwritten: in one kernel some reads would come late
+  x, y = Tensor(rand(4, 4)), Tensor(rand(4, 4, seed=1))
+  old_x, old_y, x_before = x.numpy(), y.numpy(), x.detach()
+  y.assign(y + x_before.permute(1, 0))
+  x.assign(x * 2)
+  assert [item.outputs for item in schedule_of(x, y).items] == [1, 1]
+  realize_tensors([x, y])
+  np.testing.assert_allclose(x.numpy(), old_x * 2, rtol=1e-6)
+  np.testing.assert_allclose(y.numpy(), old_y + old_x.T, rtol=1e-6)
+
+
+def test_arguments_past_the_limit_split_the_kernel() -> None:
+  tensors = [Tensor(rand(8, seed=i)) + i for i in range(10)]
+  items = create_schedule([t.uop for t in tensors], argument_slots=lambda device: 8).items
+  assert len(items) > 1 and all(len(item.buffers) + len(item.var_values) <= 8 for item in items)
+  assert sum(item.outputs for item in items) == 10
