@@ -627,23 +627,21 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     live = list(all_tensors)
     # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is looked up on
     # its own, which costs a lookup per realized node; the others are walked together in one substitute, since they
-    # share most nodes. `reached` collects the realized nodes some live tensor holds: their buffers are kept.
-    reached: set[UOp] = set()
+    # share most nodes. Buffers this schedule creates are kept when a live tensor's new graph holds them.
+    kept: set[UOp] = set()
     fresh = []
     for tensor in live:
       if (order := tensor.uop.__dict__.get("toposort")) is None:
         fresh.append(tensor)
         continue
-      found = [node for node in becomes_map if node in order] if len(becomes_map) < len(order) else \
-              [node for node in order if node in becomes_map]
-      if found:
-        reached.update(found)
+      if any(node in order for node in becomes_map) if len(becomes_map) < len(order) else \
+         any(node in becomes_map for node in order):
         tensor.uop = substitute(tensor.uop, becomes_map)
+        kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
     if fresh:
-      sink = UOp.sink(*(tensor.uop for tensor in fresh))
-      reached.update(node for node in sink.toposort if node in becomes_map)
-      for tensor, uop in zip(fresh, substitute(sink, becomes_map).src): tensor.uop = uop
-    kept = {base for node in reached if (base := buffer_base(becomes_map[node])) is not None}
+      graph = substitute(UOp.sink(*(tensor.uop for tensor in fresh)), becomes_map)
+      for tensor, uop in zip(fresh, graph.src): tensor.uop = uop
+      kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
     _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)

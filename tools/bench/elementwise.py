@@ -6,6 +6,7 @@ import numpy as np
 
 from _timing import best_times, guarded, kernels_of, report, torch
 
+from rawgrad.runtime.device import Device
 from rawgrad.tensor import Tensor
 
 
@@ -20,6 +21,25 @@ def add(n: int = 1 << 24) -> None:
     ta, tb, tout = torch.from_numpy(a), torch.from_numpy(b), torch.empty(n)
     functions["torch"] = lambda: torch.add(ta, tb, out=tout)
   report(f"a+b 2^{n.bit_length() - 1} fp32", 3 * 4 * n, "GB/s", best_times(functions))
+
+
+def user_add(n: int = 1 << 24) -> None:
+  """`a+b` as a user writes it: a new output tensor each call, realized (and waited for), and then also read back,
+  against numpy's allocating `a + b` (and `(a + b).copy()` for the read back)."""
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal(n, dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+  ta, tb = Tensor(a).realize(), Tensor(b).realize()
+  device = Device[ta.device]
+  np.testing.assert_array_equal((ta + tb).numpy(), a + b)
+  functions = {"rawgrad": lambda: ((ta + tb).realize(), device.synchronize()), "numpy": lambda: a + b}
+  if torch is not None:
+    tta, ttb = torch.from_numpy(a), torch.from_numpy(b)
+    functions["torch"] = lambda: tta + ttb
+  report(f"a+b 2^{n.bit_length() - 1} fp32, user path (new output, realize)", 3 * 4 * n, "GB/s",
+         best_times(functions))
+  functions = {"rawgrad": lambda: (ta + tb).numpy(), "numpy": lambda: (a + b).copy()}
+  report(f"a+b 2^{n.bit_length() - 1} fp32, user path with read back (.numpy())", 3 * 4 * n, "GB/s",
+         best_times(functions))
 
 
 def softmax(rows: int = 4096, columns: int = 1024) -> None:
@@ -63,6 +83,7 @@ def full_sum(n: int = 1 << 24) -> None:
 
 if __name__ == "__main__":
   guarded(add)
+  guarded(user_add)
   guarded(softmax)
   guarded(sums)
   guarded(full_sum)
