@@ -151,6 +151,7 @@ class NVDevice(HCQDevice):
     embed = self.kernel.runs_programs   # an emulated GPU runs the linear program carried after the cubin
     super().__init__(name, target, NVAllocator(self.video_heap), PTXCompiler(target, embed_program=embed),
                      NVPTXRenderer(target, embed_program=embed), NVProgram)
+    self.allocator.capacity_bytes = self.gpu.info.video_memory_bytes or None   # no allocation can be larger
     self.pushbuffers = {engine: HostRing(self, PUSHBUFFER_BYTES, f"{engine} pushbuffer") for engine in self.channels}
     for engine in self.channels: self.submit(HWQueue(), engine)   # binds the engine classes
     self.synchronize(SETUP_TIMEOUT_S)
