@@ -8,7 +8,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized
+from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized, remember_origin
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
@@ -654,7 +654,8 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
-    if any(leaf in parameters or leaf in autograd_origin for leaf in node.toposort): autograd_origin[view] = node
+    if any(leaf in parameters or autograd_origin(leaf) is not None for leaf in node.toposort):
+      remember_origin(view, node)
 
 
 # *** helpers ***

@@ -7,7 +7,6 @@ more than once. The result is an ordinary lazy graph: it fuses and schedules lik
 from __future__ import annotations
 
 import math
-import weakref
 from typing import Callable
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
@@ -130,15 +129,23 @@ NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Op
                                            Ops.DETACH, Ops.BITCAST, Ops.IOTA}
 
 
-# a realized tensor's buffer view -> the graph it was computed from (kept while the view lives; see realize.py)
-autograd_origin: weakref.WeakKeyDictionary[UOp, UOp] = weakref.WeakKeyDictionary()
+def remember_origin(view: UOp, graph: UOp) -> None:
+  """Differentiate the realized buffer view `view` through the graph it was computed from (see tensor.py). The graph
+  lives on the view, as long as it: it reaches the views of earlier results, and in a table keyed weakly by view each
+  entry would keep those keys alive, so a garbage collection would free such a chain one link at a time."""
+  view.__dict__["autograd_origin"] = graph
+
+
+def autograd_origin(view: UOp) -> UOp | None:
+  """The graph a realized buffer view was computed from, where remember_origin kept it."""
+  return view.__dict__.get("autograd_origin")
 
 
 def expand_realized(root: UOp) -> tuple[UOp, dict[UOp, UOp]]:
   """root with every realized buffer view replaced by the graph it came from (repeatedly: those graphs may read
   earlier results), and the reverse map, to point the gradient back at the buffers that hold those values."""
   reverse: dict[UOp, UOp] = {}
-  while mapping := {node: autograd_origin[node] for node in root.toposort if node in autograd_origin}:
+  while mapping := {node: origin for node in root.toposort if (origin := autograd_origin(node)) is not None}:
     reverse.update({origin: view for view, origin in mapping.items()})
     root = substitute(root, mapping)
   return root, reverse
@@ -161,11 +168,24 @@ def compute_gradient(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, 
 
 
 # A composite operation whose gradient the rules would build in a form that schedules badly can name a better one:
-# node -> function(node, gradient flowing into it, the nodes that need a gradient) -> {input: gradient}. It must give
-# the gradient of every input of the composite that can need one (the walk does not enter the composite's graph).
-# Keyed weakly: a node rebuilt differently (by expand_realized, say) falls back to the rules, which stay correct.
-custom_gradients: weakref.WeakKeyDictionary[UOp, Callable[[UOp, UOp, set[UOp]], dict[UOp, UOp]]] = \
-  weakref.WeakKeyDictionary()
+# function(node, gradient flowing into it, the nodes that need a gradient) -> {input: gradient}. It must give the
+# gradient of every input of the composite that can need one (the walk does not enter the composite's graph).
+CustomGradient = Callable[[UOp, UOp, set[UOp]], dict[UOp, UOp]]
+
+
+def set_custom_gradient(node: UOp, gradient: CustomGradient | None) -> None:
+  """Differentiate `node` by `gradient` instead of by the rules (None: by the rules again). The function lives on the
+  node: it goes when the node does, and a node rebuilt differently (by expand_realized, say) falls back to the rules,
+  which stay correct. Not in a table keyed weakly by node: the function holds the composite's inputs, whose graphs
+  reach earlier composites, so each entry would keep the keys before it alive and a garbage collection would free such
+  a chain one link at a time (an eager training loop kept every step's graph and buffers)."""
+  if gradient is None: node.__dict__.pop("custom_gradient", None)
+  else: node.__dict__["custom_gradient"] = gradient
+
+
+def custom_gradient(node: UOp) -> CustomGradient | None:
+  """The function set_custom_gradient gave the node, or None."""
+  return node.__dict__.get("custom_gradient")
 
 
 def _gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
@@ -173,7 +193,7 @@ def _gradients(root: UOp, root_grad: UOp, targets: set[UOp]) -> dict[UOp, UOp]:
   grads: dict[UOp, UOp] = {root: root_grad}
   for node in reversed(list(root.toposort)):
     if node not in grads or node not in needed or node.op in NOT_DIFFERENTIABLE or node.op in LEAVES: continue
-    if (custom := custom_gradients.get(node)) is not None:
+    if (custom := custom_gradient(node)) is not None:
       for source, grad in custom(node, grads[node], needed).items():
         if source in needed: grads[source] = grads[source] + grad if source in grads else grad
       continue

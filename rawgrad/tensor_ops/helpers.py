@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from rawgrad.compiler.gradient import custom_gradients
+from rawgrad.compiler.gradient import set_custom_gradient
 from rawgrad.compiler.ir import UOp
 from rawgrad.dtype import DType
 from rawgrad.errors import IndexOutOfRange, ShapeError
@@ -80,5 +80,5 @@ def with_gradient(result: Any, inputs: tuple, rule: Callable[..., tuple]) -> Any
     grads = rule(tensor(output_gradient), tensor(node), *(tensor(source) for source in sources))
     return {source: grad.cast(source.dtype).uop for source, grad in zip(sources, grads)
             if grad is not None and source in wanted}
-  custom_gradients[result.uop] = gradient
+  set_custom_gradient(result.uop, gradient)
   return result

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Sequence
 
-from rawgrad.compiler.gradient import custom_gradients
+from rawgrad.compiler.gradient import set_custom_gradient
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
 from rawgrad.errors import ShapeError
@@ -193,7 +193,7 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
   # the transposed convolution's size is (out-1)*stride + dilation*(kernel-1) + 1; the rows past it got no window
   extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(spatial, out, stride, dilation, kernel))
-  # UOps and the class only: the entry must not keep its key (result) or any Tensor alive
+  # UOps and the class only: the function lives on result.uop and must not keep any Tensor alive
   tensor, source, weights = type(x), x.uop, weight.uop
 
   def gradient(node: UOp, output_gradient: UOp, wanted: set[UOp]) -> dict[UOp, UOp]:
@@ -208,7 +208,7 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
       grads[weights] = _weight_gradient(tensor(source), channels_last, tuple(tensor(weights).shape), stride, dilation,
                                         groups).uop
     return grads
-  custom_gradients[result.uop] = gradient
+  set_custom_gradient(result.uop, gradient)
 
 
 def _weight_gradient(x: Tensor, channels_last: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],

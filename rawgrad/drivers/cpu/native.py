@@ -1167,6 +1167,8 @@ class NativeRuntime:
                              f"waited for {value}; {self._queue_state()}")
     self._acquire(signal.address)
     self.check_faults()
+    with self._lock:  # what ran before the signal is done: its buffers (and the programs they launch) may go now
+      self._release_finished()
 
   def synchronize(self, timeout_s: float = 10.0) -> None:
     """Returns once every submitted buffer has run."""
