@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rawgrad.compiler.ir import Ops, UOp
-from rawgrad.compiler.rangeify import buffer_base
+from rawgrad.compiler.rangeify import buffer_base, is_random_draw
 from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturing, replan_temporaries, start_capture,
                                 stop_capture)
 from rawgrad.runtime.device import Buffer, _buffers, buffer_for
@@ -117,7 +117,7 @@ class jit:
     self.items, self.result = replan_temporaries(capture.items, protected), result
     self.captured_draws = {(index, variable): value for index, item in enumerate(self.items)
                            for variable, value in getattr(item, "var_values", {}).items()
-                           if variable.arg[0].startswith("_r")}
+                           if is_random_draw(variable)}
     self.input_specs = [_InputSpec(t.shape, t.dtype, t.device) for t in tensors]
     self.non_tensor_arguments = others
     self.input_slots = [[(k, p) for k, item in enumerate(self.items) for p, b in enumerate(item.buffers)
@@ -148,7 +148,8 @@ class jit:
     # random tensors drawn in the function draw new numbers on every replay, as eager calls would: the draws'
     # numbers move by how far the generator went since the capture
     first_draw, count = self.draws
-    shift, _ = (random_draws() - first_draw) & DRAW_MASK, advance_draws(count)
+    shift = (random_draws() - first_draw) & DRAW_MASK
+    advance_draws(count)
     for index, item in enumerate(self.items):
       for variable in getattr(item, "var_values", {}):
         if variable.arg[0] in bound: value = bound[variable.arg[0]]

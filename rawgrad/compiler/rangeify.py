@@ -31,6 +31,11 @@ def is_value_parameter(variable: UOp) -> bool:
   """A kernel variable that carries a value (a parameterized constant, a random draw), not a size."""
   return re.fullmatch(r"_[cr]\d+", variable.arg[0]) is not None
 
+
+def is_random_draw(variable: UOp) -> bool:
+  """A kernel variable that carries a random draw's number (named by unbind())."""
+  return re.fullmatch(r"_r\d+", variable.arg[0]) is not None
+
 Index = tuple[UOp, ...]
 
 
@@ -484,7 +489,7 @@ def parameterize(store: UOp, var_values: dict[UOp, int | float]) -> UOp:
   for node in store.toposort:
     sources = tuple(replaced.get(source, source) for source in node.src)
     if node.op in _VALUE_USERS:
-      sources = tuple(_parameter(source, node.op, var_values, count) if _changes_between_calls(source, node.op)
+      sources = tuple(_parameter(source, var_values, count) if _changes_between_calls(source, node.op)
                       else source for source in sources)
     if sources != node.src: replaced[node] = node.replace(src=sources)
   return replaced.get(store, store)
@@ -499,7 +504,7 @@ def _changes_between_calls(node: UOp, user: Ops) -> bool:
   return not (user is Ops.MUL and value & (value - 1) == 0)
 
 
-def _parameter(const: UOp, user: Ops, var_values: dict[UOp, int | float], count: Iterator[int]) -> UOp:
+def _parameter(const: UOp, var_values: dict[UOp, int | float], count: Iterator[int]) -> UOp:
   name = f"_c{next(count)}"
   if dtypes.is_float(const.dtype):
     variable = UOp.variable(name, -math.inf, math.inf, dtypes.float64)

@@ -2,6 +2,7 @@
 between buffers."""
 from __future__ import annotations
 
+import functools
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,10 +42,15 @@ class CompiledRunner:
   def program(self) -> list[UOp]:
     return self.lowered.program
 
+  @functools.cached_property
+  def size_variables(self) -> tuple[UOp, ...]:
+    """The variables that are sizes (the cost depends on them), not values (constants, random draws)."""
+    return tuple(v for v in self.variables if not is_value_parameter(v))
+
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
     """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
     time would put the whole program on the launch path)."""
-    key = tuple(sorted((v.arg[0], value) for v, value in var_values.items() if not is_value_parameter(v)))
+    key = tuple(var_values[v] for v in self.size_variables)
     if (cost := self.costs.get(key)) is None: cost = self.costs.put(key, estimate_cost(self.program, var_values))
     return cost
 
