@@ -175,6 +175,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     device = _canonical_device(device)
     creation_shape((count,), dtype, device)
     index = Tensor(UOp(Ops.IOTA, dtypes.int32, (_device_node(device), UOp.const(dtypes.index, count))))
+    if start == 0 and step == 1: return _requiring_grad(index.cast(dtype), requires_grad)
     return _requiring_grad((index.cast(dtype) * step + start).cast(dtype), requires_grad)
 
   @staticmethod

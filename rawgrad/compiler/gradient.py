@@ -125,7 +125,7 @@ pm_gradient = PatternMatcher([
 LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.DEVICE, Ops.UNIQUE, Ops.DEFINE_VAR, Ops.BIND})
 
 # ops through which no gradient flows
-NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD,
+NOT_DIFFERENTIABLE = GroupOp.Comparison | {Ops.AND, Ops.OR, Ops.XOR, Ops.SHL, Ops.SHR, Ops.IDIV, Ops.MOD, Ops.THREEFRY,
                                            Ops.DETACH, Ops.BITCAST, Ops.IOTA}
 
 

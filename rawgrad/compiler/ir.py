@@ -44,6 +44,7 @@ class Ops(Enum):
   XOR = auto()
   SHL = auto()
   SHR = auto()
+  THREEFRY = auto()  # uint64 (counter, key) -> the Threefry-2x32 block of the counter's two words, packed the same way
   # ternary
   WHERE = auto()
   MULACC = auto()
@@ -98,7 +99,7 @@ class Ops(Enum):
 class GroupOp:
   Unary = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.RECIPROCAL, Ops.TRUNC})
   Binary = frozenset({Ops.ADD, Ops.MUL, Ops.FDIV, Ops.IDIV, Ops.MOD, Ops.MAX, Ops.CMPLT, Ops.CMPNE, Ops.AND, Ops.OR,
-                      Ops.XOR, Ops.SHL, Ops.SHR})
+                      Ops.XOR, Ops.SHL, Ops.SHR, Ops.THREEFRY})
   Ternary = frozenset({Ops.WHERE, Ops.MULACC})
   ALU = Unary | Binary | Ternary
   Movement = frozenset({Ops.RESHAPE, Ops.EXPAND, Ops.PERMUTE, Ops.PAD, Ops.SHRINK, Ops.FLIP})
@@ -721,7 +722,38 @@ _PYTHON_ALU: dict[Ops, Callable[..., Any]] = {
   Ops.AND: _logic(lambda a, b: a & b, lambda a, b: a and b), Ops.OR: _logic(lambda a, b: a | b, lambda a, b: a or b),
   Ops.XOR: _logic(lambda a, b: a ^ b, lambda a, b: a != b),
   Ops.WHERE: lambda c, a, b: a if c else b, Ops.MULACC: lambda a, b, c: a * b + c,
+  Ops.THREEFRY: lambda x, key: threefry_packed(x, key, lambda word: word & 0xFFFFFFFF),
 }
+
+
+# *** Threefry-2x32 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", 2011), 20 rounds ***
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_THREEFRY_PARITY = 0x1BD11BDA
+
+
+def threefry2x32(x0: Any, x1: Any, key0: Any, key1: Any, wrap: Callable[[Any], Any]) -> tuple[Any, Any]:
+  """The block function on two counter words and two key words: Python ints (`wrap` masks to 32 bits) or uint32
+  UOps (`wrap` is the identity: the generated code wraps)."""
+  keys = (key0, key1, key0 ^ key1 ^ _THREEFRY_PARITY)
+  x0, x1 = wrap(x0 + keys[0]), wrap(x1 + keys[1])
+  for group in range(5):
+    for rotation in _THREEFRY_ROTATIONS[group % 2]:
+      x0 = wrap(x0 + x1)
+      x1 = (wrap(x1 << rotation) | (x1 >> (32 - rotation))) ^ x0
+    x0 = wrap(x0 + keys[(group + 1) % 3])
+    x1 = wrap(x1 + keys[(group + 2) % 3] + (group + 1))
+  return x0, x1
+
+
+def threefry_packed(x: Any, key: Any, wrap: Callable[[Any], Any]) -> Any:
+  """THREEFRY's value on uint64 words (ints, or UOps): each holds its two 32-bit words, the first in the low half."""
+  if isinstance(x, int):
+    y0, y1 = threefry2x32(x & 0xFFFFFFFF, x >> 32, key & 0xFFFFFFFF, key >> 32, wrap)
+    return y0 | y1 << 32
+  u32, u64 = dtypes.uint32, dtypes.uint64
+  y0, y1 = threefry2x32(x.cast(u32), (x >> 32).cast(u32), key.cast(u32), (key >> 32).cast(u32), wrap)
+  return y0.cast(u64) | (y1.cast(u64) << 32)
 
 
 def exec_alu(op: Ops, dtype: DType, operands: tuple) -> Any:

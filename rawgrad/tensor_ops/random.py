@@ -1,4 +1,4 @@
-"""Tensor operations: random numbers from a counter-based generator (Threefry-2x32, 20 rounds).
+"""Tensor operations: random numbers from a counter-based generator (Threefry-2x32, 20 rounds: Ops.THREEFRY).
 
 Element i of the k-th random tensor drawn after `manual_seed(s)` is a pure function of (s, k, i), computed on the
 device with 32-bit integer arithmetic: the same seed gives the same numbers on every device and in every order of
@@ -9,15 +9,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import RANDOM_DRAW
 from rawgrad.dtype import DType, dtypes, to_dtype
 from rawgrad.errors import ArgumentError
 from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, shape_arg
-
-_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
-_KEY_PARITY = 0x1BD11BDA
-
 
 DRAW_MASK = 0xFFFFFFFF
 
@@ -37,22 +33,6 @@ def advance_draws(count: int) -> None:
   _Generator.draws = (_Generator.draws + count) & DRAW_MASK
 
 
-def threefry2x32(counter0: Any, counter1: Any, key: tuple[Any, Any]) -> tuple[Any, Any]:
-  """The Threefry-2x32 block function (20 rounds) on two uint32 UOps of counter words and two key words (ints or
-  uint32 UOps of the counters' shape)."""
-  # every constant is made once from counter0: a constant made from a node of the growing graph would walk it
-  const = lambda value: value if isinstance(value, UOp) else counter0.const_like(value & 0xFFFFFFFF)  # noqa: E731
-  keys = (const(key[0]), const(key[1]), const(key[0]) ^ const(key[1]) ^ const(_KEY_PARITY))
-  x0, x1 = counter0 + keys[0], counter1 + keys[1]
-  for group in range(5):
-    for rotation in _ROTATIONS[group % 2]:
-      x0 = x0 + x1
-      x1 = ((x1 << const(rotation)) | (x1 >> const(32 - rotation))) ^ x0
-    x0 = x0 + keys[(group + 1) % 3]
-    x1 = x1 + keys[(group + 2) % 3] + const(group + 1)
-  return x0, x1
-
-
 class RandomOps(TensorBase):
   """Mixin of rawgrad.tensor.Tensor."""
   __slots__ = ()
@@ -64,21 +44,26 @@ class RandomOps(TensorBase):
 
   @classmethod
   def _random_bits(cls, shape: tuple, device: str | None) -> tuple[Any, Any]:
+    """The two uint32 words of the Threefry block of each element's counter (its flat index), under the key (seed,
+    draw number)."""
     count = math.prod(shape)
-    # the bit mixing runs on UOps: shifts and rotations are integer ops the Tensor API need not expose
-    counter = cls.arange(count, dtype=dtypes.uint32, device=device).uop
+    counter = cls.arange(count, device=device).uop.cast(dtypes.uint64)
     # the draw number is a kernel parameter, so every draw of a shape runs one compiled kernel (and a jit replay
-    # draws new numbers by rebinding it); the seed, which rarely changes, is a constant
-    draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, counter.device)
+    # draws new numbers by rebinding it)
+    draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, counter.device).cast(dtypes.uint64)
     advance_draws(1)
-    key = (_Generator.seed, draw.cast(dtypes.uint32).reshape((1,)).expand((count,)))
-    x0, x1 = threefry2x32(counter, counter.const_like(0), key)
-    return cls(x0).reshape(shape), cls(x1).reshape(shape)
+    key = (draw << 32) | _Generator.seed
+    # one THREEFRY node: codegen writes out its 20 rounds, so the graph built here, per call, stays small
+    bits = UOp(Ops.THREEFRY, dtypes.uint64, (counter, key.reshape((1,)).expand((count,))))
+    words = (bits.cast(dtypes.uint32), (bits >> 32).cast(dtypes.uint32))
+    return tuple(cls(word.reshape(shape)) for word in words)
 
   @staticmethod
   def _bits_to_unit(bits: Any, dtype: DType) -> Any:
     """[0, 1) from the top 24 bits: every value is exact in float32, and 1.0 is never produced."""
-    return (type(bits)(bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
+    # on the UOps: the Tensor operators' broadcasting and autograd bookkeeping cost more than these three nodes
+    unit = ((bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
+    return type(bits)(unit)
 
   @classmethod
   def rand(cls, *shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):

@@ -65,7 +65,7 @@ def _peel(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
 
 
 def _expand_math(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
-  """No EXP2, LOG2 or SIN the target does not compute itself (see mathrules.py)."""
+  """No THREEFRY, and no EXP2, LOG2 or SIN the target does not compute itself (see mathrules.py)."""
   return expand_math(ast, target)
 
 

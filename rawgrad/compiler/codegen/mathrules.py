@@ -13,14 +13,17 @@ ulps):
            reduction subtracts k*pi/2 in three parts (Cody-Waite); beyond, x*2/pi is formed exactly enough in integer
            arithmetic (Payne-Hanek): the 53-bit mantissa times 128 bits of 2/pi taken at the exponent, in 32-bit limbs.
 
-After this pass: no EXP2, LOG2 or SIN the target does not list as native.
+THREEFRY (the random bits' block function, one node at the tensor level so a random tensor's graph stays small)
+becomes its 20 rounds of 32-bit adds, rotations and xors on every target.
+
+After this pass: no THREEFRY, and no EXP2, LOG2 or SIN the target does not list as native.
 """
 from __future__ import annotations
 
 import functools
 import math
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import Ops, UOp, threefry_packed
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
 from rawgrad.compiler.target import Target
 from rawgrad.dtype import DType, dtypes
@@ -206,6 +209,7 @@ _FUNCTIONS = {Ops.EXP2: ("exp2", exp2_f64), Ops.LOG2: ("log2", log2_f64), Ops.SI
 
 
 def _expand(node: UOp, native: frozenset[str]) -> UOp | None:
+  if node.op is Ops.THREEFRY: return threefry_packed(*node.src, wrap=lambda word: word)
   name, function = _FUNCTIONS[node.op]
   if name in native or node.dtype.count != 1: return None
   source = node.src[0]
@@ -216,10 +220,14 @@ def _expand(node: UOp, native: frozenset[str]) -> UOp | None:
 
 @functools.cache
 def _matcher(native: frozenset[str]) -> PatternMatcher:
-  return PatternMatcher([(UPat((Ops.EXP2, Ops.LOG2, Ops.SIN), name="node"), lambda node: _expand(node, native))])
+  return PatternMatcher([(UPat(_EXPANDED, name="node"), lambda node: _expand(node, native))])
+
+
+_EXPANDED = frozenset({*_FUNCTIONS, Ops.THREEFRY})
 
 
 def expand_math(ast: UOp, target: Target) -> UOp:
-  """The kernel with every EXP2, LOG2 and SIN the target does not compute natively written as arithmetic."""
-  if not any(node.op in _FUNCTIONS for node in ast.toposort): return ast
+  """The kernel with every THREEFRY, and every EXP2, LOG2 and SIN the target does not compute natively, written as
+  arithmetic."""
+  if not any(node.op in _EXPANDED for node in ast.toposort): return ast
   return graph_rewrite(ast, _matcher(target.native_math), name="pm_expand_math")

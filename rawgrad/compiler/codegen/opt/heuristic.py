@@ -201,6 +201,9 @@ def _expanded_elements(index: UOp) -> int:
   return count
 
 
+THREEFRY_OPERATIONS = 130  # the 32-bit adds, shifts, ors and xors of its 20 rounds
+
+
 def _work(ast: UOp) -> int | None:
   """Iterations of the innermost code times its operations, roughly; None when sizes are symbolic."""
   total = 1
@@ -208,7 +211,8 @@ def _work(ast: UOp) -> int | None:
     size = constant(size_of(r))
     if size is None: return None
     total *= size
-  operations = sum(1 for node in ast.toposort if node.op in GroupOp.ALU or node.op in (Ops.LOAD, Ops.STORE))
+  operations = sum(THREEFRY_OPERATIONS if node.op is Ops.THREEFRY else 1 for node in ast.toposort
+                   if node.op in GroupOp.ALU or node.op in (Ops.LOAD, Ops.STORE))
   return total * max(1, operations)
 
 
