@@ -107,11 +107,11 @@ class GroupOp:
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
 
 
-def _arg_key(arg: Any) -> Any:
+def arg_key(arg: Any) -> Any:
   """A hashing key for an arg that tells 0.0 from -0.0 and True from 1, and keeps nan equal to itself."""
   if type(arg) is float: return ("float", arg.hex())
   if type(arg) is bool: return ("bool", arg)
-  if type(arg) is tuple: return tuple(_arg_key(item) for item in arg)
+  if type(arg) is tuple: return tuple(arg_key(item) for item in arg)
   return arg
 
 
@@ -127,7 +127,7 @@ class UOpMetaClass(type):
     if type(src) is not tuple: src = tuple(src)
     # sources by id: a key holding them would keep them alive until their user's entry goes, so a graph with cached
     # toposorts (cycles) would be freed one layer per gc pass. The ids stay unique while the cached user lives.
-    key = (op, dtype, tuple(map(id, src)), _arg_key(arg), tag)
+    key = (op, dtype, tuple(map(id, src)), arg_key(arg), tag)
     try:
       found = UOpMetaClass.cache.get(key)
     except TypeError as error:

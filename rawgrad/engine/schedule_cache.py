@@ -1,27 +1,29 @@
 """Schedules remembered by the shape of the graph, so a repeated eager computation skips the scheduler.
 
 Two realizes whose tensor graphs differ only in the buffers they read and in the values bound to variables (a random
-draw's number, a symbolic size) get the same kernels. The key is a digest of the graph's nodes in toposort order, each
-by op, dtype, argument and its sources' positions, with the holes left out: which buffer a BUFFER node names (its
-UNIQUE) and the value a BIND carries. A template keeps the first schedule with placeholders for the holes; a hit fills
-them from the new graph: its buffers at the same positions, fresh buffers for the ones the schedule creates, and the
-bound values its BIND nodes carry now.
+draw's number, a symbolic size) get the same kernels. The key is the graph's nodes in toposort order (or a digest of
+them), each by op, dtype, argument and its sources' positions, with the holes left out: which buffer a BUFFER node
+names (its UNIQUE) and the value a BIND carries. A template keeps the first schedule with placeholders for the holes;
+a hit fills them from the new graph: its buffers at the same positions, fresh buffers for the ones the schedule
+creates, and the bound values its BIND nodes carry now.
 
 Nothing else the scheduler reads may differ between graphs of one key: its decisions depend on the graph alone.
 """
 from __future__ import annotations
 
 import hashlib
+import pickle
 from dataclasses import dataclass
 from typing import Callable
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import Ops, UOp, arg_key
 from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.helpers import LRUCache, getenv, unique_id
 from rawgrad.runtime.device import Device
 
 SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
+LARGE_GRAPH = 256  # nodes: a larger graph is keyed by a digest of its structure
 
 
 @dataclass(frozen=True)
@@ -33,7 +35,7 @@ class _Template:
   becomes: tuple[tuple[int, UOp], ...]     # (position of a node, its view in placeholders)
 
 
-_templates: LRUCache[bytes, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
+_templates: LRUCache[tuple | bytes, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
 stats = {"hits": 0, "misses": 0}
 
 
@@ -60,19 +62,22 @@ def argument_slots(device: str) -> int:
   return Device[device].target.kernarg_bytes // 8
 
 
-def _structure_key(nodes: list[UOp]) -> bytes | None:
-  """The digest of the graph with its holes left out; None where a bound value's node is also used as a value
-  elsewhere (its value would be both a hole and part of the shape)."""
+def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:
+  """The graph with its holes left out, as a tuple (a digest of it for a large graph, whose tuple would cost more memory
+  than its schedule); None where a bound value's node is also used as a value elsewhere (its value would be both a
+  hole and part of the shape)."""
   position = {node: i for i, node in enumerate(nodes)}
   bound_values = {node.src[1] for node in nodes if node.op is Ops.BIND}
   parts = []
   for node in nodes:
     if node.op is Ops.UNIQUE or node in bound_values: arg = None
-    else: arg = node.arg
-    for i, source in enumerate(node.src):
-      if source in bound_values and not (node.op is Ops.BIND and i == 1): return None
-    parts.append((node.op.value, node.dtype, arg, node.tag, tuple(position[source] for source in node.src)))
-  return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
+    else: arg = arg_key(node.arg)  # tells 0.0 from -0.0, as the scheduler's constants do
+    if bound_values:
+      for i, source in enumerate(node.src):
+        if source in bound_values and not (node.op is Ops.BIND and i == 1): return None
+    parts.append((node.op, node.dtype, arg, node.tag, tuple(position[source] for source in node.src)))
+  if len(parts) <= LARGE_GRAPH: return tuple(parts)
+  return hashlib.blake2b(pickle.dumps(parts), digest_size=16).digest()
 
 
 def _placeholder(buffer: UOp) -> UOp:

@@ -8,9 +8,11 @@ and returns those tensors, so a training step is one schedule:
     loss.backward()
     Tensor.realize(loss, *opt.schedule_step())
 
-`step()` does the realize by itself. The learning rate is a 0-d tensor, `opt.lr`, read by the update kernels: change
-it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are constants in the tensor graph,
-which the scheduler turns into kernel parameters.
+`step()` does the realize by itself, and from the third step of one shape on replays the kernels it captured
+(rawgrad.jit), so an eager step costs what a jitted one does. The learning rate is a 0-d tensor, `opt.lr`, read by
+the update kernels: change it with `opt.set_lr(value)` and nothing recompiles. Hyperparameters other than lr are
+constants in the tensor graph, which the scheduler turns into kernel parameters; changing one makes step() capture
+anew.
 
 No update has a kernel of its own: `_update` is plain tensor math, and the scheduler fuses the assigns realized
 together (rangeify.group_kernels): one parameter's new value and state in one kernel, and all parameters of one
@@ -23,8 +25,12 @@ from typing import Sequence
 
 import numpy as np
 
+from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
+from rawgrad.engine.jit import capturing
+from rawgrad.helpers import LRUCache
 from rawgrad.tensor import Tensor
+from rawgrad.tensor_jit import JitError, jit
 
 
 class Optimizer:
@@ -46,6 +52,7 @@ class Optimizer:
     if not self.params: raise ValueError("optimizer got no parameters that require gradients")
     if lr < 0: raise ValueError(f"invalid learning rate {lr}")
     self.lr = _scalar(lr, dtypes.float32, self.params[0].device)
+    self._replays: LRUCache[tuple, jit | bool] = LRUCache(8)  # steps captured by _replay_key(); False: not replayable
 
   def set_lr(self, value: float) -> None:
     """Write a new learning rate into opt.lr's buffer (a copy kernel, compiled once)."""
@@ -56,7 +63,36 @@ class Optimizer:
     for param in self.params: param.grad = None
 
   def step(self) -> None:
+    """Update the parameters from their gradients. A step like one before (the same parameters with gradients, the
+    same state buffers, gradient shapes and settings) replays the kernels captured from that step (rawgrad.jit)
+    rather than building the update's graph again: after two steps, a step costs microseconds per parameter."""
+    key = self._replay_key()
+    replay = None if key is None else self._replays.get(key)
+    if key is not None and replay is None: replay = self._replays.put(key, jit(self._realize_step))
+    if replay and capturing() is None:
+      try:
+        return replay(*[p.grad for p in self.params if p.grad is not None], *self.buffers)
+      except JitError:
+        self._replays.put(key, False)  # refused before it ran anything (a buffer passed twice): step eagerly
+    self._realize_step()
+
+  def _realize_step(self, *inputs: Tensor) -> None:
     if tensors := self.schedule_step(): Tensor.realize(*tensors)
+
+  def _replay_key(self) -> tuple | None:
+    """What a captured step depends on besides the values in its buffers: the buffers of the parameters and the
+    state, the gradients' shapes, the settings; None while a parameter or state tensor has pending work (its update
+    must be scheduled with the step). The gradients and `buffers` are the replay's inputs, realized before it."""
+    tensors, settings = [], []
+    for name, value in vars(self).items():
+      if name == "buffers": continue
+      if isinstance(value, Tensor): tensors.append(value)
+      elif isinstance(value, list) and value and isinstance(value[0], Tensor): tensors.extend(value)
+      elif _is_setting(value): settings.append((name, value))
+    buffers = tuple(buffer_base(t.uop) for t in tensors)
+    if None in buffers: return None
+    grads = tuple(None if p.grad is None else (p.grad.shape, p.grad.dtype, p.grad.device) for p in self.params)
+    return buffers, grads, tuple(settings)
 
   def schedule_step(self) -> list[Tensor]:
     """Assign the updated values into the parameters and the optimizer state (lazily); return every tensor that
@@ -82,6 +118,12 @@ class Optimizer:
       state = Tensor(np.zeros(shape, dtypes.to_numpy(param.dtype)), param.device, param.dtype)
     state.requires_grad = False
     return state
+
+
+def _is_setting(value: object) -> bool:
+  """A hyperparameter: a number, flag or string, or a tuple of them (betas)."""
+  if isinstance(value, tuple): return all(_is_setting(item) for item in value)
+  return value is None or isinstance(value, (bool, int, float, str))
 
 
 def _vector(values: list[float], dtype: DType, device: str) -> Tensor:

@@ -271,3 +271,51 @@ def test_requires_grad_none_becomes_true_and_false_is_a_buffer() -> None:
 def test_bad_arguments_raise(make: Callable, message: str) -> None:
   params: list[Any] = [Tensor(np.ones(3, np.float32))]
   with pytest.raises((ValueError, TypeError), match=message): make(params)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_eager_steps_replay_and_match_torch_formulas(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+  """step() builds the update's graph on the first two steps (run, capture) and replays the capture after."""
+  make_optimizer, make_reference = CASES[case]
+  built = []
+  original = Optimizer.schedule_step
+  monkeypatch.setattr(Optimizer, "schedule_step", lambda self: built.append(1) or original(self))
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = make_optimizer([w, b])
+  steps = 8
+  for (w_ref, b_ref), step in zip(reference_history(make_reference(), steps), range(steps)):
+    optimizer.zero_grad()
+    loss_of(w, b).backward()
+    optimizer.step()
+    np.testing.assert_allclose(w.numpy(), w_ref, rtol=1e-4, atol=1e-5, err_msg=f"{case}: weight after step {step}")
+    np.testing.assert_allclose(b.numpy(), b_ref, rtol=1e-4, atol=1e-5, err_msg=f"{case}: bias after step {step}")
+  assert len(built) == 2, f"{case}: the update's graph was built in {len(built)} of {steps} steps"
+
+
+def test_replayed_steps_follow_lr_settings_skipped_gradients_and_pending_buffers() -> None:
+  w = Tensor(W0.copy(), requires_grad=True)
+  extra = Tensor(np.ones(3, np.float32), requires_grad=True)
+  frozen = Tensor(np.ones(3, np.float32), requires_grad=False)
+  optimizer = SGD([w, extra, frozen], lr=0.1, momentum=0.5)
+  expected_w, velocity_w = W0.astype(np.float64), np.zeros_like(W0, np.float64)
+  expected_extra, velocity_extra = np.ones(3), np.zeros(3)
+  for step in range(12):
+    if step == 6: optimizer.set_lr(0.05)    # read from its buffer by the replayed kernels
+    if step == 8: optimizer.momentum = 0.8  # a setting is a constant of the capture: a new one is captured
+    lr, momentum = (0.1 if step < 6 else 0.05), (0.5 if step < 8 else 0.8)
+    x = np.full(W0.shape, step + 1, np.float32)
+    optimizer.zero_grad()
+    uses_extra = step % 4 != 3  # some steps leave extra without a gradient: skipped, as in torch
+    loss = (w * Tensor(x)).sum() + ((extra * extra).sum() if uses_extra else 0)
+    loss.backward()
+    frozen.assign(frozen + 1)  # pending work of a buffer runs with the step
+    optimizer.step()
+    velocity_w = momentum * velocity_w + x if step else x.astype(np.float64)
+    expected_w -= lr * velocity_w
+    if uses_extra:
+      grad = 2 * expected_extra
+      velocity_extra = momentum * velocity_extra + grad if velocity_extra.any() else grad
+      expected_extra = expected_extra - lr * velocity_extra
+    np.testing.assert_allclose(w.numpy(), expected_w, rtol=1e-5, err_msg=f"weight after step {step}")
+    np.testing.assert_allclose(extra.numpy(), expected_extra, rtol=1e-5, err_msg=f"extra after step {step}")
+    np.testing.assert_array_equal(frozen.numpy(), np.full(3, step + 2, np.float32))
