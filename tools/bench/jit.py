@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 
-from rawgrad import Tensor, jit
+from rawgrad import GlobalCounters, Tensor, jit
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.engine.realize import get_runner
@@ -47,6 +47,12 @@ def main() -> None:
   for _ in range(3): (x * 2 + 1).realize()
   eager = best_of(lambda: [(x * 2 + 1).realize() for _ in range(KERNELS)], repeats=10) / KERNELS
   print(f"eager (x*2+1).realize() on 16 elements, repeated: {eager * 1e6:.1f} us per realize (target <= 50 us)")
+
+  for _ in range(3): Tensor.rand(16).realize()
+  built = GlobalCounters.kernels_built
+  draw = best_of(lambda: [Tensor.rand(16).realize() for _ in range(KERNELS)], repeats=10) / KERNELS
+  print(f"Tensor.rand(16).realize(), repeated: {draw * 1e3:.3f} ms per call (target <= 0.3 ms), "
+        f"{GlobalCounters.kernels_built - built} kernels built after the first (goal 0)")
 
   y = x + 1
   item = create_schedule([y.uop]).items[0]
