@@ -6,6 +6,7 @@ realization.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -13,6 +14,7 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import RANDOM_DRAW
 from rawgrad.dtype import DType, dtypes, to_dtype
 from rawgrad.errors import ArgumentError
+from rawgrad.runtime.device import Device
 from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, shape_arg
 
 DRAW_MASK = 0xFFFFFFFF
@@ -43,33 +45,28 @@ class RandomOps(TensorBase):
     _Generator.seed, _Generator.draws = seed & 0xFFFFFFFF, 0
 
   @classmethod
-  def _random_bits(cls, shape: tuple, device: str | None) -> tuple[Any, Any]:
-    """The two uint32 words of the Threefry block of each element's counter (its flat index), under the key (seed,
-    draw number)."""
-    count = math.prod(shape)
-    counter = cls.arange(count, device=device).uop.cast(dtypes.uint64)
+  def _random_units(cls, shape: tuple, device: str | None, words: int = 2) -> tuple[Any, ...]:
+    """`words` (1 or 2) float32 tensors in [0, 1), from the words of the Threefry block of each element's counter
+    (its flat index) under the key (seed, draw number)."""
+    count, device = math.prod(shape), Device.canonicalize(device)
+    counter, shift32, shift8, scale = _fixed_nodes(count, device)
     # the draw number is a kernel parameter, so every draw of a shape runs one compiled kernel (and a jit replay
     # draws new numbers by rebinding it)
-    draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, counter.device).cast(dtypes.uint64)
+    draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, device).cast(dtypes.uint64)
     advance_draws(1)
-    key = (draw << 32) | _Generator.seed
-    # one THREEFRY node: codegen writes out its 20 rounds, so the graph built here, per call, stays small
+    on_device = (UOp(Ops.DEVICE, arg=device),)
+    key = (draw << UOp.const(dtypes.uint64, 32, on_device)) | UOp.const(dtypes.uint64, _Generator.seed, on_device)
+    # one THREEFRY node: codegen writes out its 20 rounds
     bits = UOp(Ops.THREEFRY, dtypes.uint64, (counter, key.reshape((1,)).expand((count,))))
-    words = (bits.cast(dtypes.uint32), (bits >> 32).cast(dtypes.uint32))
-    return tuple(cls(word.reshape(shape)) for word in words)
-
-  @staticmethod
-  def _bits_to_unit(bits: Any, dtype: DType) -> Any:
-    """[0, 1) from the top 24 bits: every value is exact in float32, and 1.0 is never produced."""
-    # on the UOps: the Tensor operators' broadcasting and autograd bookkeeping cost more than these three nodes
-    unit = ((bits.uop >> 8).cast(dtypes.float32) * (1.0 / (1 << 24))).cast(dtype)
-    return type(bits)(unit)
+    halves = (bits.cast(dtypes.uint32), (bits >> shift32).cast(dtypes.uint32))[:words]
+    # [0, 1) from the top 24 bits of a word: every value is exact in float32, and 1.0 is never produced
+    return tuple(cls(((half >> shift8).cast(dtypes.float32) * scale).reshape(shape)) for half in halves)
 
   @classmethod
   def rand(cls, *shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
     dtype = _float_dtype(dtype)
-    bits, _ = cls._random_bits(creation_shape(shape, dtype, device), device)
-    result = cls._bits_to_unit(bits, dtype)
+    unit, = cls._random_units(creation_shape(shape, dtype, device), device, words=1)
+    result = unit.cast(dtype)
     result.requires_grad = requires_grad
     return result
 
@@ -78,8 +75,7 @@ class RandomOps(TensorBase):
             requires_grad: bool | None = None):
     """Standard normal numbers by the Box-Muller transform of the two words of each counter."""
     dtype = _float_dtype(dtype)
-    bits0, bits1 = cls._random_bits(creation_shape(shape, dtype, device), device)
-    u0, u1 = cls._bits_to_unit(bits0, dtypes.float32), cls._bits_to_unit(bits1, dtypes.float32)
+    u0, u1 = cls._random_units(creation_shape(shape, dtype, device), device)
     # 1 - u0 lies in (0, 1], so the log is finite
     radius = ((1 - u0).log() * -2).sqrt()
     result = (radius * (u1 * (2 * math.pi) + math.pi / 2).sin()).cast(dtype)
@@ -137,6 +133,16 @@ class RandomOps(TensorBase):
 
   def randn_like(self, dtype: DType | None = None, requires_grad: bool | None = None):
     return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=self.device, requires_grad=requires_grad)
+
+
+@functools.lru_cache(maxsize=64)
+def _fixed_nodes(count: int, device: str) -> tuple[UOp, UOp, UOp, UOp]:
+  """The nodes of a draw of `count` numbers on `device` that no draw changes: the counters and the constants. Kept
+  between calls, since building a node costs more than the node itself: its shape and device are worked out anew."""
+  on_device = (UOp(Ops.DEVICE, arg=device),)
+  filled = lambda value, dtype: UOp.const(dtype, value, on_device).reshape((1,)).expand((count,))  # noqa: E731
+  counter = UOp(Ops.IOTA, dtypes.int32, (*on_device, UOp.const(dtypes.index, count))).cast(dtypes.uint64)
+  return counter, filled(32, dtypes.uint64), filled(8, dtypes.uint32), filled(1.0 / (1 << 24), dtypes.float32)
 
 
 def _float_dtype(dtype: Any) -> DType:
