@@ -632,6 +632,10 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     kept: set[UOp] = set()
     fresh = []
     for tensor in live:
+      if (view := becomes_map.get(tensor.uop)) is not None:  # a tensor realized here: its graph is its buffer
+        tensor.uop = view
+        kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
+        continue
       if (order := tensor.uop.__dict__.get("toposort")) is None:
         fresh.append(tensor)
         continue
