@@ -17,7 +17,7 @@ from rawgrad.engine.jit import CapturedCopy, CapturedKernel, capturing
 from rawgrad.engine.runner import CompiledRunner, build_runner, copy_buffer
 from rawgrad.engine.search import searched_opts
 from rawgrad.helpers import DEBUG, PROFILE, GlobalCounters, LRUCache
-from rawgrad.runtime.compile import compile_cached
+from rawgrad.runtime.compile import compile_cached, save_objects
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
 from rawgrad.runtime.memory import plan_arena
 from rawgrad.runtime.profile import KernelEvent, record_kernel
@@ -37,11 +37,13 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 class KernelCompiler:
   """Compiles kernels on a second thread. `start` lowers and renders a kernel here and hands its source to the compiler
   thread: LLVM runs without holding the GIL, so compiling one kernel overlaps lowering the next (and scheduling the
-  rest) on a second core. `runner` waits for a kernel's machine code and loads it."""
+  rest) on a second core. `runner` waits for a kernel's machine code and loads it. The new machine code goes to the
+  disk cache in one transaction at the end, not one (and one wait for the disk) per kernel."""
 
   def __init__(self) -> None:
     self.compiling: dict[tuple[str, UOp], tuple[LoweredKernel, str, Future[bytes]]] = {}
     self.thread: ThreadPoolExecutor | None = None  # started with the first kernel to compile: most realizes have none
+    self.unsaved: dict[str, bytes] = {}  # new machine code by cache key, written to the disk cache on exit
     self.interval = 0.0
 
   def __enter__(self) -> KernelCompiler:
@@ -51,6 +53,7 @@ class KernelCompiler:
     if self.thread is None: return
     self.thread.shutdown(wait=True, cancel_futures=True)
     sys.setswitchinterval(self.interval)
+    save_objects(self.unsaved)
 
   def _compiler_thread(self) -> ThreadPoolExecutor:
     if self.thread is None:
@@ -72,7 +75,8 @@ class KernelCompiler:
     source = compiled.renderer.render(ast.arg, lowered.program)
     if DEBUG >= 6: print(source)
     if DEBUG >= 7: print(compiled.compiler.assembly(source))
-    self.compiling[key] = lowered, source, self._compiler_thread().submit(compile_cached, compiled.compiler, source)
+    compiling = self._compiler_thread().submit(compile_cached, compiled.compiler, source, self.unsaved)
+    self.compiling[key] = lowered, source, compiling
 
   def runner(self, device: str, ast: UOp) -> CompiledRunner:
     key = (device, ast)

@@ -202,15 +202,24 @@ def cache_path() -> Path | None:
   return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rawgrad" / "compile_cache.db"
 
 
-def compile_cached(compiler: Compiler, src: str) -> bytes:
-  """compiler.compile(src), from the disk cache when an identical compile was done before by any process."""
+def compile_cached(compiler: Compiler, src: str, unsaved: dict[str, bytes] | None = None) -> bytes:
+  """compiler.compile(src), from the disk cache when an identical compile was done before by any process. A new
+  object is written to the cache at once, or, given `unsaved`, kept there for save_objects to write together with
+  the others: every write is a transaction that waits for the disk, which costs more than compiling a small kernel."""
   if (path := cache_path()) is None:
     return compiler.compile(src)
   key = hashlib.sha256(f"{compiler.cache_key}\0{hashlib.sha256(src.encode()).hexdigest()}".encode()).hexdigest()
+  if unsaved is not None and (obj := unsaved.get(key)) is not None: return obj
   if (obj := _cache_get(path, key)) is None:
     obj = compiler.compile(src)
-    _cache_put(path, key, obj)
+    if unsaved is None: _cache_put(path, {key: obj})
+    else: unsaved[key] = obj
   return obj
+
+
+def save_objects(unsaved: dict[str, bytes]) -> None:
+  """Write the objects compile_cached kept unsaved to the disk cache, in one transaction."""
+  if unsaved and (path := cache_path()) is not None: _cache_put(path, unsaved)
 
 
 def _connect(path: Path) -> sqlite3.Connection:
@@ -236,9 +245,9 @@ def _cache_get(path: Path, key: str) -> bytes | None:
   return None if row is None else bytes(row[0])
 
 
-def _cache_put(path: Path, key: str, obj: bytes) -> None:
+def _cache_put(path: Path, objects: dict[str, bytes]) -> None:
   try:
     with contextlib.closing(_connect(path)) as conn, conn:
-      conn.execute("INSERT OR REPLACE INTO objects (key, obj) VALUES (?, ?)", (key, obj))
+      conn.executemany("INSERT OR REPLACE INTO objects (key, obj) VALUES (?, ?)", objects.items())
   except (sqlite3.Error, OSError) as e:
     _unusable(path, e)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 import rawgrad.engine.realize as realize
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.helpers import LRUCache
 from rawgrad.runtime.compile import CompileError
 from rawgrad.tensor import Tensor
 
@@ -24,10 +26,10 @@ def _recording_compiles(monkeypatch: pytest.MonkeyPatch, fail_at: int | None = N
   threads: list[str] = []
   compile_cached = realize.compile_cached
 
-  def recording(compiler: object, source: str) -> bytes:
+  def recording(compiler: object, source: str, *args: object) -> bytes:
     threads.append(threading.current_thread().name)
     if len(threads) - 1 == fail_at: raise CompileError("LLVM said no")
-    return compile_cached(compiler, source)
+    return compile_cached(compiler, source, *args)
   monkeypatch.setattr(realize, "compile_cached", recording)
   return threads
 
@@ -71,6 +73,33 @@ def test_the_same_kernel_twice_is_compiled_once(monkeypatch: pytest.MonkeyPatch)
     first, second = compiler.runner("CPU", ast), compiler.runner("CPU", ast)
   assert first is second and len(threads) == 1
   assert realize.get_runner("CPU", ast) is first and len(threads) == 1
+
+
+def test_a_cold_realize_compiles_each_kernel_once_and_writes_the_cache_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+  import rawgrad.runtime.compile as compile_module
+  monkeypatch.setenv("RAWGRAD_CACHE_DIR", str(tmp_path))
+  monkeypatch.delenv("DISABLE_COMPILER_CACHE", raising=False)
+  monkeypatch.setattr(realize, "_runners", LRUCache(realize.RUNNER_CACHE_SIZE))  # nothing compiled in this process
+  writes: list[int] = []
+  put = compile_module._cache_put
+  def counting_put(path: Path, objects: dict[str, bytes]) -> None:
+    writes.append(len(objects))
+    put(path, objects)
+  monkeypatch.setattr(compile_module, "_cache_put", counting_put)
+  threads = _recording_compiles(monkeypatch)
+  x = np.random.default_rng(3).standard_normal((6, 11)).astype(np.float32)
+  softmax = Tensor(x).softmax(1)
+  softmax.realize()
+  # three kernels (max, sum of exps, the division), each compiled once, all written in one transaction
+  assert len(threads) == 3 and writes == [3]
+  np.testing.assert_allclose(softmax.numpy(), _softmax_rows(x), rtol=1e-5)
+  writes.clear()
+  realize._runners.entries.clear()  # a later process: every kernel from the disk cache, nothing written
+  again = Tensor(x).softmax(1)
+  again.realize()
+  assert len(threads) == 6 and writes == []
+  np.testing.assert_allclose(again.numpy(), _softmax_rows(x), rtol=1e-5)
 
 
 def test_a_compile_error_reaches_the_caller(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from rawgrad.runtime.compile import CompileError, LLVMCompiler, cache_path, compile_cached
+from rawgrad.runtime.compile import CompileError, LLVMCompiler, cache_path, compile_cached, save_objects
 
 ADD = """
 define i64 @add(i64 %a, i64 %b) {
@@ -93,6 +93,25 @@ def test_cache_tells_sources_and_compilers_apart(cache_dir: Path) -> None:
   compile_cached(compiler, ADD + "\n")
   compile_cached(other, ADD)
   assert (compiler.calls, other.calls) == (2, 1)
+
+
+def _cached_rows(path: Path) -> int:
+  with sqlite3.connect(path) as conn:
+    return conn.execute("SELECT COUNT(*) FROM objects").fetchone()[0]
+
+
+def test_unsaved_objects_reach_the_disk_in_one_write(cache_dir: Path) -> None:
+  compile_cached(CountingCompiler(), "kernel 0")  # the cache file exists, with one object
+  compiler, unsaved = CountingCompiler(), {}
+  objs = [compile_cached(compiler, f"kernel {k}", unsaved) for k in (0, 1, 2, 1)]
+  # kernel 0 comes from the disk, kernel 1 the second time from the batch: two compiles, both kept back
+  assert objs == [b"OBJ:kernel 0", b"OBJ:kernel 1", b"OBJ:kernel 2", b"OBJ:kernel 1"] and compiler.calls == 2
+  assert len(unsaved) == 2 and _cached_rows(cache_path()) == 1
+  save_objects(unsaved)
+  assert _cached_rows(cache_path()) == 3
+  later = CountingCompiler()
+  assert [compile_cached(later, f"kernel {k}") for k in range(3)] == [b"OBJ:kernel 0", b"OBJ:kernel 1",
+                                                                      b"OBJ:kernel 2"] and later.calls == 0
 
 
 def test_disable_compiler_cache_bypasses_it(cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
