@@ -2,7 +2,8 @@
 
 Heuristics read these numbers and never assume a chip. The CPU target is built from the host (llvmlite's CPU name
 and features), optionally forced to another feature set with CPU_ISA=avx2|avx512|native; GPU targets come from the
-table below, keyed by architecture.
+table below, keyed by architecture. KERNARG_BYTES=n sets every target's kernel-argument limit (tests force the
+argument-table path with a low one).
 """
 from __future__ import annotations
 
@@ -117,9 +118,10 @@ def host_target(isa: str | None = None) -> Target:
   elif features.get("avx2") or features.get("avx"): vector_bytes, registers = 32, 16
   elif machine == "aarch64": vector_bytes, registers = 16, 32
   else: vector_bytes, registers = 16, 16
-  # a kernel keeps its buffers' addresses in general-purpose registers (16 on x86-64, 31 on ARM64); past them they
-  # would be copied from the argument block to the stack in every slice's prologue and reloaded where used, while a
-  # kernel with an argument table loads each address from the table where it uses it
+  # the argument limit: a kernel keeps its argument words (buffer addresses, variable values) in general-purpose
+  # registers, 16 on x86-64 and 31 on ARM64; past them, the words are copied from the argument block to the stack in
+  # every slice's prologue and reloaded where they are used, while a kernel with an argument table loads each word
+  # from the table where it uses it (with no copy)
   general_registers = 31 if machine == "aarch64" else 16
   # every x86 core with FMA (Haswell and Zen on) and every 64-bit ARM core starts two vector multiply-adds a cycle;
   # LLVM knows each CPU's pipes but llvmlite does not expose its scheduling model

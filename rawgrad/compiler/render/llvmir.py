@@ -178,8 +178,7 @@ class _FunctionWriter:
   # ** the argument table: words the kernel loads where it uses them (they never change during a launch)
 
   def table_parameter(self) -> str:
-    words = self.table.dtype.size
-    return f"{self.pointer(self.table)} noalias readonly align 8 dereferenceable({8 * max(words, 1)}) %table"
+    return f"{self.pointer(self.table)} noalias readonly align 8 dereferenceable({8 * self.table.dtype.size}) %table"
 
   def table_word(self, word: int) -> str:
     """A pointer to a word of the argument table, as the operand of a load."""
