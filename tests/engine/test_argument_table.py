@@ -62,11 +62,14 @@ def two_words(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_program_past_the_limit_takes_the_table_alone() -> None:
   tensors = [Tensor(x) * scale for x, scale in zip(*_scaled(4))]
   (item,) = create_schedule([t.uop for t in tensors]).items
-  target = _target()
-  assert argument_table(lower_kernel(item.ast, [], target).program) is None
-  lowered = lower_kernel(item.ast, [], dataclasses.replace(target, kernarg_bytes=8 * 11))
-  table = argument_table(lowered.program)
-  assert table is not None and table.dtype.size == 12 and argument_block_words(lowered.program) == 1
+  def lowered_with_room_for(words: int) -> list:
+    return lower_kernel(item.ast, [], dataclasses.replace(_target(), kernarg_bytes=8 * words)).program
+
+  # four outputs, four inputs and four scales: twelve words
+  assert argument_table(lowered_with_room_for(12)) is None
+  program = lowered_with_room_for(11)
+  table = argument_table(program)
+  assert table is not None and table.dtype.size == 12 and argument_block_words(program) == 1
 
 
 # *** more buffers than the target's real limit ***
