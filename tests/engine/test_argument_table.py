@@ -11,6 +11,7 @@ import rawgrad.engine.realize as realize
 from rawgrad import GlobalCounters, Tensor, Variable, jit
 from rawgrad.compiler.codegen.linearize import argument_block_words, argument_table
 from rawgrad.compiler.codegen.lower import lower_kernel
+from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.target import Target
 from rawgrad.engine.jit import CapturedKernel, start_capture, stop_capture
@@ -44,8 +45,8 @@ def _launched(*tensors: Tensor) -> list[CapturedKernel]:
 
 
 def _scaled(count: int, size: int = 6) -> tuple[list[np.ndarray], list[float]]:
-  """Inputs and scales for outputs x * scale: each output takes three argument words (its buffer, its input, its
-  scale, a parameterized constant)."""
+  """Inputs and scales for outputs x * scale: each output takes three argument words (its buffer's address, its
+  input's, and its scale: a parameterized constant)."""
   return [rng.standard_normal(size).astype(np.float32) for _ in range(count)], [i + 0.5 for i in range(count)]
 
 
@@ -62,12 +63,13 @@ def two_words(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_program_past_the_limit_takes_the_table_alone() -> None:
   tensors = [Tensor(x) * scale for x, scale in zip(*_scaled(4))]
   (item,) = create_schedule([t.uop for t in tensors]).items
-  def lowered_with_room_for(words: int) -> list:
+
+  def program_with_room_for(words: int) -> list[UOp]:
     return lower_kernel(item.ast, [], dataclasses.replace(_target(), kernarg_bytes=8 * words)).program
 
   # four outputs, four inputs and four scales: twelve words
-  assert argument_table(lowered_with_room_for(12)) is None
-  program = lowered_with_room_for(11)
+  assert argument_table(program_with_room_for(12)) is None
+  program = program_with_room_for(11)
   table = argument_table(program)
   assert table is not None and table.dtype.size == 12 and argument_block_words(program) == 1
 
