@@ -9,7 +9,8 @@ install:
 # lowered for sm_90 and gfx1100 and run by the interpreter, then the NV and AMD drivers against their emulated kernel
 # interfaces, which decode the real command bytes (EMULATE=1)
 DEVICE_SUITE = tests/tensor_ops tests/test_tensor.py tests/test_tensor_jit.py tests/compiler/test_gradient.py \
-               tests/nn/test_modules.py tests/nn/test_optim.py tests/engine/test_realize.py tests/runtime/test_memory.py
+               tests/nn/test_modules.py tests/nn/test_optim.py tests/engine/test_realize.py tests/runtime/test_memory.py \
+               tests/engine/test_argument_table.py
 
 test: install
 	SPEC=1 $(PYTHON) -m pytest tests

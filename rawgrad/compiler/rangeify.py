@@ -529,11 +529,10 @@ def _size_name(size: UOp) -> str:
 
 # *** the pipeline ***
 
-def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None,
-                    argument_slots: Callable[[str], int] | None = None) -> Schedule:
+def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
   """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph. `on_kernel` is
-  called with each kernel as soon as it is built (in build order), so a caller can start compiling it.
-  `argument_slots(device)` is how many buffers and variables one kernel on the device may take (unlimited if None)."""
+  called with each kernel as soon as it is built (in build order), so a caller can start compiling it. A kernel
+  may take any number of buffers: past its target's argument limit, codegen passes them in an argument table."""
   sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
@@ -548,7 +547,7 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
       buffers_of[node] = UOp(Ops.BUFFER, node.dtype, (UOp(Ops.UNIQUE, arg=unique_id()),
                                                       UOp(Ops.DEVICE, arg=node.device)), prod(node.shape))
   groups = group_kernels([node for node in buffers_of if prod(node.shape) != 0], realizes, set(sink.src))
-  kernels = KernelEmitter(buffers_of, memo, realizes, on_kernel, argument_slots)
+  kernels = KernelEmitter(buffers_of, memo, realizes, on_kernel)
   try:
     items, roots = kernels.emit(groups)
     ordered = order_for_assigns(items, roots)
@@ -561,13 +560,12 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
 
 class KernelEmitter:
   """Builds the schedule items of the kernel groups: a copy item for a COPY, one kernel for the others. A group whose
-  kernel would write a buffer it also reads at another index, or take more arguments than its device allows, is
-  split (the halves of a large group, the members of a hazardous one)."""
+  kernel would write a buffer it also reads at another index is split into its members."""
 
   def __init__(self, buffers_of: dict[UOp, UOp], memo: IndexMemo, realizes: dict[UOp, str],
-               on_kernel: Callable[[ScheduleItem], None] | None, argument_slots: Callable[[str], int] | None):
+               on_kernel: Callable[[ScheduleItem], None] | None):
     self.buffers_of, self.memo, self.realizes = buffers_of, memo, realizes
-    self.on_kernel, self.argument_slots = on_kernel, argument_slots
+    self.on_kernel = on_kernel
 
   def emit(self, groups: list[list[UOp]]) -> tuple[list[ScheduleItem], list[tuple[UOp, ...]]]:
     items: list[ScheduleItem] = []
@@ -587,11 +585,9 @@ class KernelEmitter:
     builder = KernelBuilder(group, [self.buffers_of[member] for member in group], self.buffers_of, self.memo)
     ast = builder.build()
     if len(group) > 1:
-      if (problem := self.unfusable(ast, builder, node.device)) is not None:
+      if (problem := self.unfusable(ast, builder)) is not None:
         if DEBUG >= 2: print(f"kernel group of {len(group)} outputs split: {problem}")
-        halves = [group[:len(group) // 2], group[len(group) // 2:]] if "arguments" in problem else \
-          [[member] for member in group]
-        return [built for half in halves for built in self.build(half)]
+        return [built for member in group for built in self.build([member])]
       if DEBUG >= 2:
         counts = sorted({prod(member.shape) for member in group})
         how = "over as many elements" if len(counts) == 1 else f"small, over their concatenated ranges {counts}"
@@ -605,11 +601,8 @@ class KernelEmitter:
                         tuple(builder.operations), tuple(builder.binds.items()), len(group))
     return [(item, tuple(group))]
 
-  def unfusable(self, ast: UOp, builder: KernelBuilder, device: str) -> str | None:
+  def unfusable(self, ast: UOp, builder: KernelBuilder) -> str | None:
     """Why this multi-output kernel cannot run as one (None if it can)."""
-    if self.argument_slots is not None:
-      wanted, limit = len(builder.params) + len(builder.var_values), self.argument_slots(device)
-      if wanted > limit: return f"{wanted} arguments, more than the {limit} a kernel on {device} takes"
     if len(set(builder.outputs)) < len(builder.outputs): return "two outputs write one buffer"
     stored = {store.src[0].src[0]: store.src[0].src[1] for store in ast.src}
     for node in ast.toposort:

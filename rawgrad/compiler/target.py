@@ -2,13 +2,14 @@
 
 Heuristics read these numbers and never assume a chip. The CPU target is built from the host (llvmlite's CPU name
 and features), optionally forced to another feature set with CPU_ISA=avx2|avx512|native; GPU targets come from the
-table below, keyed by architecture.
+table below, keyed by architecture. KERNARG_BYTES=n sets every target's kernel-argument limit (tests force the
+argument-table path with a low one).
 """
 from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Target:
   max_threads_per_block: int = 1
   max_grid: tuple[int, int, int] = (1, 1, 1)
   threads_in_flight: int = 1       # threads the whole chip runs at once (GPUs: SMs/CUs x resident threads each)
-  kernarg_bytes: int = 1 << 16     # the most bytes of kernel arguments a launch can pass
+  kernarg_bytes: int = 1 << 16     # bytes of kernel arguments a launch passes; past them, an argument table
   native_math: frozenset[str] = field(default_factory=frozenset)  # unary ops the target computes itself
 
   @property
@@ -75,7 +76,14 @@ GPU_TARGETS: dict[str, Target] = {
 def gpu_target(arch: str) -> Target:
   if arch not in GPU_TARGETS:
     raise ValueError(f"unknown GPU architecture {arch!r}; known: {', '.join(sorted(GPU_TARGETS))}")
-  return GPU_TARGETS[arch]
+  return _argument_limit(GPU_TARGETS[arch])
+
+
+def _argument_limit(target: Target) -> Target:
+  """KERNARG_BYTES in the environment sets the argument limit (a low one sends every kernel's arguments through its
+  argument table, to test that path)."""
+  if (limit := os.environ.get("KERNARG_BYTES")) is None: return target
+  return replace(target, kernarg_bytes=int(limit))
 
 
 # *** the host CPU ***
@@ -110,14 +118,20 @@ def host_target(isa: str | None = None) -> Target:
   elif features.get("avx2") or features.get("avx"): vector_bytes, registers = 32, 16
   elif machine == "aarch64": vector_bytes, registers = 16, 32
   else: vector_bytes, registers = 16, 16
+  # the argument limit: a kernel keeps its argument words (buffer addresses, variable values) in general-purpose
+  # registers, 16 on x86-64 and 31 on ARM64; past them, the words are copied from the argument block to the stack in
+  # every slice's prologue and reloaded where they are used, while a kernel with an argument table loads each word
+  # from the table where it uses it (with no copy)
+  general_registers = 31 if machine == "aarch64" else 16
   # every x86 core with FMA (Haswell and Zen on) and every 64-bit ARM core starts two vector multiply-adds a cycle;
   # LLVM knows each CPU's pipes but llvmlite does not expose its scheduling model
   fma_units = 2 if features.get("fma") or machine == "aarch64" else 1
   caches = cache_geometry()
-  return Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
-                features=flattened, vector_bytes=vector_bytes, vector_registers=registers, fma_units=fma_units,
-                l1_bytes=caches["l1_bytes"], l1_ways=caches["l1_ways"], l2_bytes=caches["l2_bytes"],
-                native_math=frozenset({"sqrt", "trunc", "sin"}))
+  target = Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
+                  features=flattened, vector_bytes=vector_bytes, vector_registers=registers, fma_units=fma_units,
+                  l1_bytes=caches["l1_bytes"], l1_ways=caches["l1_ways"], l2_bytes=caches["l2_bytes"],
+                  kernarg_bytes=8 * general_registers, native_math=frozenset({"sqrt", "trunc", "sin"}))
+  return _argument_limit(target)
 
 
 def cache_geometry(root: str = "/sys/devices/system/cpu/cpu0/cache") -> dict[str, int]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rawgrad.compiler.ir import UOp
-from rawgrad.engine.runner import copy_buffer
+from rawgrad.engine.runner import ArgumentTable, copy_buffer
 from rawgrad.helpers import PROFILE, GlobalCounters
 from rawgrad.runtime.device import Buffer, Device, _buffers
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
@@ -138,11 +138,15 @@ class _Segment:
 
 class CommandGraph:
   """A capture as prebuilt queues: every kernel's EXEC over its own argument block, copies on the copy engine.
-  Replays patch the argument blocks in place (new input addresses, new variable values) and submit again."""
+  Replays patch the argument blocks in place (new input addresses, new variable values) and submit again. A kernel
+  past its target's argument limit has an argument table of its own in device memory, written when the graph is
+  built; a replay that patched one of its words copies it again before submitting."""
 
   def __init__(self, items: list[Any]):
     self.items = items
-    self.kernargs: dict[int, np.ndarray] = {}   # item -> its argument block (uint64 view of device-visible memory)
+    self.kernargs: dict[int, np.ndarray] = {}   # item -> its argument words (uint64 view of device-visible memory,
+                                                # or of its argument table's words)
+    self.tables: dict[int, ArgumentTable] = {}  # item -> its argument table, for programs that have one
     self.times: dict[int, Any] = {}             # item -> its two timestamp slots, with PROFILE
     self.dims: dict[int, Any] = {}              # item -> the launch size encoded
     self._memory: list[Any] = []                # keeps the argument blocks alive
@@ -176,11 +180,17 @@ class CommandGraph:
         queue.copy(item.dest.address, item.src.address, item.src.nbytes)
         continue
       args = item.runner.args(item.buffers, item.var_values)
+      if item.runner.has_table:
+        # written once here; a replay copies it again only if a patch changed a word
+        table = self.tables[index] = ArgumentTable(segment.device, len(args))
+        table.write(args)
+        self.kernargs[index] = table.words
+        args = [table.address]
       memory = device.argument_block(len(args), persistent=True)
       self._memory.append(memory)
       block = memory.host.view(np.uint64)
       block[:len(args)] = [arg & (2**64 - 1) for arg in args]
-      self.kernargs[index] = block
+      if not item.runner.has_table: self.kernargs[index] = block
       global_size, local_size = self.dims[index] = item.runner.launch_dims(item.var_values)
       if PROFILE:
         self.times[index] = times = device.host_memory(2 * device.timestamp_bytes)
@@ -216,6 +226,7 @@ class CommandGraph:
     self.costs[index] = runner.cost(item.var_values)
 
   def run(self) -> None:
+    for table in self.tables.values(): table.write()
     for segment in self.segments:
       if segment.engine == "host":
         item = self.items[segment.items[0]]

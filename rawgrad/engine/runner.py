@@ -20,7 +20,7 @@ from rawgrad.helpers import GlobalCounters, LRUCache
 from rawgrad.runtime.compile import compile_cached
 from rawgrad.runtime.device import Buffer, Device
 from rawgrad.runtime.hcq import COPY, HWQueue
-from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.compiler.codegen.linearize import argument_table, kernel_parameters
 
 COSTS_PER_RUNNER = 1024  # variable values whose cost a runner remembers; the least recently used go first
 
@@ -36,7 +36,9 @@ class CompiledRunner:
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
+  has_table: bool = False         # the program reads its argument words from an argument table
   costs: LRUCache[tuple, KernelCost] = field(default_factory=lambda: LRUCache(COSTS_PER_RUNNER))
+  table: ArgumentTable | None = None  # the argument table launches use (not a jit capture's)
 
   @property
   def program(self) -> list[UOp]:
@@ -55,7 +57,8 @@ class CompiledRunner:
     return cost
 
   def args(self, buffers: list[Buffer], var_values: dict[UOp, int]) -> list[int]:
-    """The argument block's 8-byte slots: the addresses of the buffers the program uses, then variable values."""
+    """The argument words (8 bytes each): the addresses of the buffers the program uses, then variable values. They
+    are the argument block, or the argument table of a program that has one."""
     return [buffers[i].address for i in self.buffer_slots] + [variable_slot(v, var_values[v]) for v in self.variables]
 
   def launch_dims(self, var_values: dict[UOp, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
@@ -68,7 +71,34 @@ class CompiledRunner:
   def __call__(self, buffers: list[Buffer], var_values: dict[UOp, int], timed: bool = False) -> tuple[int, int] | None:
     """Launch on the device's compute engine; with `timed`, wait and return the device's start and end times (ns)."""
     global_size, local_size = self.launch_dims(var_values)
-    return self.kernel.device.launch(self.kernel, self.args(buffers, var_values), global_size, local_size, timed)
+    args = self.args(buffers, var_values)
+    if self.has_table:
+      if self.table is None: self.table = ArgumentTable(self.device, len(args))
+      self.table.write(args)
+      args = [self.table.address]
+    return self.kernel.device.launch(self.kernel, args, global_size, local_size, timed)
+
+
+class ArgumentTable:
+  """The argument words of a kernel that takes more than its target's kernel-argument limit, in device memory; the
+  kernel's argument block holds the table's address alone. `words` may be patched in place (a jit replay binding
+  new buffers or values); `write` copies them to the device only when they changed since the last write, in order
+  after everything submitted before, so launches already queued still read the words they were launched with."""
+
+  def __init__(self, device: str, words: int):
+    self.buffer = Buffer(device, words, dtypes.uint64).ensure_allocated()
+    self.words = np.zeros(words, np.uint64)
+    self.written: np.ndarray | None = None   # the words the device memory holds
+
+  @property
+  def address(self) -> int:
+    return self.buffer.address
+
+  def write(self, words: list[int] | None = None) -> None:
+    if words is not None: self.words[:] = [word & (2**64 - 1) for word in words]
+    if self.written is not None and np.array_equal(self.words, self.written): return
+    self.buffer.copyin(memoryview(self.words.view(np.uint8)))
+    self.written = self.words.copy()
 
 
 def variable_slot(variable: UOp, value: int | float) -> int:
@@ -89,7 +119,7 @@ def build_runner(device: str, ast: UOp, lowered: LoweredKernel, source: str | No
   kernel = compiled.program_class(compiled, kernel_symbol(ast.arg), lib)
   cores = lowered.slices(getattr(compiled, "cores", 1))
   return CompiledRunner(ast.arg, device, lowered, source, kernel, tuple(p.arg for p in params), tuple(variables),
-                        cores)
+                        cores, argument_table(lowered.program) is not None)
 
 
 def copy_buffer(dest: Buffer, src: Buffer) -> None:

@@ -20,7 +20,6 @@ from rawgrad.compiler.ir import Ops, UOp, arg_key
 from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.helpers import LRUCache, getenv, unique_id
-from rawgrad.runtime.device import Device
 
 SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
 LARGE_GRAPH = 256  # nodes: a larger graph is keyed by a digest of its structure
@@ -41,10 +40,10 @@ stats = {"hits": 0, "misses": 0}
 
 def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
   """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before."""
-  if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel, argument_slots)
+  if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
   nodes = list(UOp.sink(*outputs).toposort)
   key = _structure_key(nodes)
-  if key is None: return create_schedule(outputs, on_kernel, argument_slots)
+  if key is None: return create_schedule(outputs, on_kernel)
   if (template := _templates.get(key)) is not None:
     stats["hits"] += 1
     schedule = _fill(template, nodes)
@@ -52,14 +51,9 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
       for item in schedule.items: on_kernel(item)
     return schedule
   stats["misses"] += 1
-  schedule = create_schedule(outputs, on_kernel, argument_slots)
+  schedule = create_schedule(outputs, on_kernel)
   if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
   return schedule
-
-
-def argument_slots(device: str) -> int:
-  """How many buffer addresses and variable values (8 bytes each) one kernel on the device takes."""
-  return Device[device].target.kernarg_bytes // 8
 
 
 def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:

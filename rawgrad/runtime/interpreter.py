@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.compiler.codegen.linearize import argument_table, kernel_parameters
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, PtrDType, dtypes
 
@@ -59,11 +59,17 @@ class _Pointer:
 
 def run_program(program: list[UOp], global_size: tuple[int, ...], local_size: tuple[int, ...], args: list[int],
                 memory: Memory) -> None:
-  """Run the program over a grid of global_size blocks of local_size threads; args are the argument block's slots."""
+  """Run the program over a grid of global_size blocks of local_size threads; args are the argument block's slots
+  (for a program with an argument table, the table's address)."""
   params, variables = kernel_parameters(program)
+  globals_: dict[UOp, np.ndarray] = {}
+  if (table := argument_table(program)) is not None:
+    if not args: raise InterpreterError("the program takes the address of its argument table, got no arguments")
+    globals_[table] = _global_view(table, args[0], memory)
+    args = [int(word) for word in globals_[table]]
   if len(args) < len(params) + len(variables):
     raise InterpreterError(f"the program takes {len(params) + len(variables)} arguments, got {len(args)}")
-  globals_ = {param: _global_view(param, args[i], memory) for i, param in enumerate(params)}
+  globals_.update({param: _global_view(param, args[i], memory) for i, param in enumerate(params)})
   values = {variable: _variable_value(variable, args[len(params) + i]) for i, variable in enumerate(variables)}
   block_threads = math.prod(local_size)
   blocks = math.prod(global_size)

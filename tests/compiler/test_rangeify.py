@@ -383,8 +383,8 @@ def test_a_kernel_that_would_read_what_it_overwrites_elsewhere_is_split() -> Non
   np.testing.assert_allclose(y.numpy(), old_y + old_x.T, rtol=1e-6)
 
 
-def test_arguments_past_the_limit_split_the_kernel() -> None:
-  tensors = [Tensor(rand(8, seed=i)) + i for i in range(10)]
-  items = create_schedule([t.uop for t in tensors], argument_slots=lambda device: 8).items
-  assert len(items) > 1 and all(len(item.buffers) + len(item.var_values) <= 8 for item in items)
-  assert sum(item.outputs for item in items) == 10
+def test_many_buffers_stay_one_kernel() -> None:
+  # past the target's argument limit the kernel reads an argument table (codegen's choice): no split here
+  tensors = [Tensor(rand(8, seed=i)) * (i + 3) for i in range(300)]
+  items = create_schedule([t.uop for t in tensors]).items
+  assert [item.outputs for item in items] == [300] and len(items[0].buffers) == 600

@@ -87,3 +87,14 @@ def test_gpu_table() -> None:
     assert target.is_gpu and target.arch == arch and target.max_threads_per_block >= 256
     assert {"sqrt", "trunc"} <= target.native_math and "sin" not in target.native_math
   with pytest.raises(ValueError, match="unknown GPU architecture 'sm_1'.*sm_90"): gpu_target("sm_1")
+
+
+def test_argument_limits_come_from_the_target_and_the_environment(cpu_features,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+  monkeypatch.delenv("KERNARG_BYTES", raising=False)
+  cpu_features(ZEN3)
+  assert host_target().kernarg_bytes == 8 * 16  # x86-64's general-purpose registers, 8 bytes each
+  assert gpu_target("sm_90").kernarg_bytes == gpu_target("gfx1100").kernarg_bytes == 4096
+  monkeypatch.setenv("KERNARG_BYTES", "24")
+  host_target.cache_clear()
+  assert host_target().kernarg_bytes == gpu_target("sm_90").kernarg_bytes == 24

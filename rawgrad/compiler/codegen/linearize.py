@@ -173,12 +173,37 @@ def _is_zero(node: UOp) -> bool:
   return all(value == 0 for value in (node.arg if isinstance(node.arg, tuple) else (node.arg,)))
 
 
+# the arg of the DEFINE_GLOBAL that is a program's argument table (buffer DEFINE_GLOBALs count from 0)
+ARGUMENT_TABLE = -1
+
+
 def kernel_parameters(program: list[UOp]) -> tuple[list[UOp], list[UOp]]:
-  """The buffers a program uses (in DEFINE_GLOBAL order) and its variables (by name): the order of the argument
-  block's 8-byte slots."""
-  params = sorted(dict.fromkeys(u for u in program if u.op is Ops.DEFINE_GLOBAL), key=lambda u: u.arg)
+  """The buffers a program uses (in DEFINE_GLOBAL order) and its variables (by name): the order of its 8-byte
+  argument words, in the argument block or, for a program with an argument table, in the table."""
+  params = sorted(dict.fromkeys(u for u in program if u.op is Ops.DEFINE_GLOBAL and u.arg != ARGUMENT_TABLE),
+                  key=lambda u: u.arg)
   variables = sorted({u for u in program if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
   return params, variables
+
+
+def argument_table(program: list[UOp]) -> UOp | None:
+  """The program's argument table, if it has one: a DEFINE_GLOBAL of 8-byte words (its buffers' addresses, then its
+  variables' values, in kernel_parameters order) whose address is the argument block's only word."""
+  return next((u for u in program if u.op is Ops.DEFINE_GLOBAL and u.arg == ARGUMENT_TABLE), None)
+
+
+def with_argument_table(program: list[UOp]) -> list[UOp]:
+  """The program taking its argument words from a table in device memory instead of its argument block."""
+  params, variables = kernel_parameters(program)
+  return [UOp(Ops.DEFINE_GLOBAL, dtypes.uint64.ptr(len(params) + len(variables)), arg=ARGUMENT_TABLE), *program]
+
+
+def argument_block_words(program: list[UOp]) -> int:
+  """How many 8-byte words the program's argument block holds: one (the table's address) for a program with an
+  argument table, else one per buffer and variable."""
+  if argument_table(program) is not None: return 1
+  params, variables = kernel_parameters(program)
+  return len(params) + len(variables)
 
 
 def is_staging(node: UOp) -> bool:
@@ -259,7 +284,7 @@ def estimate_cost(program: list[UOp], var_values: dict[UOp, int] | None = None) 
     elif instruction.op is Ops.END: multipliers.pop()
     elif instruction.op in GroupOp.ALU and instruction.dtype.scalar != dtypes.index and not _is_index_math(instruction):
       flops += multipliers[-1] * instruction.dtype.count * (2 if instruction.op is Ops.MULACC else 1)
-    elif instruction.op is Ops.DEFINE_GLOBAL:
+    elif instruction.op is Ops.DEFINE_GLOBAL and instruction.arg != ARGUMENT_TABLE:
       touched[instruction.arg] = instruction.dtype.size * instruction.dtype.base.itemsize
   return KernelCost(flops, sum(touched.values()))
 

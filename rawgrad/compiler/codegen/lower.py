@@ -12,7 +12,7 @@ from typing import Callable, Sequence
 from rawgrad.compiler.codegen.expand import expand
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
 from rawgrad.compiler.codegen.gpu import launch_dims, map_to_gpu
-from rawgrad.compiler.codegen.linearize import linearize
+from rawgrad.compiler.codegen.linearize import kernel_parameters, linearize, with_argument_table
 from rawgrad.compiler.codegen.mathrules import expand_math
 from rawgrad.compiler.codegen.opt.kernel import (PARALLEL, THREAD, UNROLL, UPCAST, Opt, all_ranges, apply_opts,
                                                  range_kind)
@@ -103,12 +103,23 @@ def lower_kernel(ast: UOp, opts: Sequence[Opt] | None = None, target: Target | N
     kernel, gone = run(kernel, target, opts), gone | removes
     if SPEC: verify_lowering(name, kernel, gone)
   parallel = [r for r in all_ranges(kernel) if range_kind(r) == PARALLEL]
-  program = linearize(kernel)
+  program = place_arguments(linearize(kernel), target)
   if SPEC: verify_program(ast.arg, program)
   if DEBUG >= 5: print(format_program(ast.arg, program, target))
   size = parallel[0].src[0].arg if parallel and parallel[0].src[0].op is Ops.CONST else None
   global_size, local_size = launch_dims(program) if target.is_gpu else ((), ())
   return LoweredKernel(ast.arg, tuple(opts), program, target, bool(parallel), size, global_size, local_size)
+
+
+def place_arguments(program: list[UOp], target: Target) -> list[UOp]:
+  """The program reading its argument words (8 bytes for each buffer address and variable value) from its argument
+  block, or from an argument table in device memory where they exceed the target's kernarg_bytes: one launch of a
+  kernel over any number of buffers (a fused optimizer step over hundreds of parameters), never several."""
+  params, variables = kernel_parameters(program)
+  if 8 * (len(params) + len(variables)) <= target.kernarg_bytes: return program
+  if DEBUG >= 3: print(f"{len(params)} buffers and {len(variables)} variables exceed the {target.kernarg_bytes} bytes "
+                       f"of kernel arguments of {target.arch}: they are read from an argument table")
+  return with_argument_table(program)
 
 
 def format_program(name: str, program: list[UOp], target: Target) -> str:

@@ -11,7 +11,7 @@ import math
 import re
 import struct
 
-from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.compiler.codegen.linearize import argument_table, kernel_parameters
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.program_text import program_comment
 from rawgrad.compiler.target import Target
@@ -118,6 +118,8 @@ class _FunctionWriter:
     self.declarations: set[str] = set()
     self.counter = 0
     self.streams = False
+    self.table = argument_table(program)
+    self.table_words: dict[UOp, int] = {}  # with an argument table: each buffer's word in it
 
   def fresh(self, hint: str = "v") -> str:
     self.counter += 1
@@ -138,12 +140,14 @@ class _FunctionWriter:
 
   def write_gpu(self) -> str:
     """One kernel function taking its 8-byte parameters: the buffers the program uses (in DEFINE_GLOBAL order, as
-    global pointers), then its variables (sorted by name)."""
+    global pointers), then its variables (sorted by name); or, with an argument table, the table's address alone."""
     params, variables = self.name_parameters()
     shared = self.shared_globals()
     for instruction in self.program: self.instruction(instruction)
-    signature = [f"ptr addrspace(1) noalias {self.names[p]}" for p in params]
-    signature += [f"i64 {variable_slot_name(v)}" for v in variables]
+    if self.table is not None: signature = [self.table_parameter()]
+    else:
+      signature = [f"ptr addrspace(1) noalias {self.names[p]}" for p in params]
+      signature += [f"i64 {variable_slot_name(v)}" for v in variables]
     body = "\n".join(self.allocas + self.lines)
     declarations = "\n".join(sorted(self.declarations) + shared)
     if self.kind == "nv":
@@ -157,17 +161,39 @@ class _FunctionWriter:
       convention = "amdgpu_kernel"
     kernel = (f"define {convention} void @{self.name}({', '.join(signature)}) #0 {{\nentry:\n{body}\n"
               "  ret void\n}\n")
-    return f"{header}\n{declarations}\n\n{kernel}\n{attributes}\n"
+    return f"{header}\n{declarations}\n\n{kernel}\n{attributes}\n{self.table_metadata()}"
 
   def name_parameters(self) -> tuple[list[UOp], list[UOp]]:
     params, variables = kernel_parameters(self.program)
-    for param in params: self.names[param] = f"%data{param.arg}"
-    for variable in variables:
+    if self.table is not None: self.table_words = {param: word for word, param in enumerate(params)}
+    else: self.names.update({param: f"%data{param.arg}" for param in params})
+    for word, variable in enumerate(variables, start=len(params)):
       slot = self.names[variable] = variable_slot_name(variable)
+      if self.table is not None: self.emit(f"{slot} = load i64, {self.table_word(word)}, align 8, !invariant.load !1")
       if variable.dtype == dtypes.float64:  # a parameterized constant: its slot holds the float's bits
         self.names[variable] = f"{slot}.value"
         self.emit(f"{slot}.value = bitcast i64 {slot} to double")
     return params, variables
+
+  # ** the argument table: words the kernel loads where it uses them (they never change during a launch)
+
+  def table_parameter(self) -> str:
+    return f"{self.pointer(self.table)} noalias readonly align 8 dereferenceable({8 * self.table.dtype.size}) %table"
+
+  def table_word(self, word: int) -> str:
+    """A pointer to a word of the argument table, as the operand of a load."""
+    address = self.fresh("word")
+    self.emit(f"{address} = getelementptr inbounds i64, {self.pointer(self.table)} %table, i64 {word}")
+    return f"{self.pointer(self.table)} {address}"
+
+  def buffer_address(self, buffer: UOp) -> str:
+    """A buffer's base address: the kernel's parameter, or a load from the argument table."""
+    if buffer not in self.table_words: return self.value(buffer)
+    return self.define(buffer, f"load {self.pointer(buffer)}, {self.table_word(self.table_words[buffer])}, align 8, "
+                               "!invariant.load !1", "data")
+
+  def table_metadata(self) -> str:
+    return "!1 = !{}\n" if self.table is not None else ""
 
   def shared_globals(self) -> list[str]:
     """GPU shared memory (DEFINE_LOCAL) as addrspace(3) module globals; their contents start undefined."""
@@ -194,12 +220,16 @@ class _FunctionWriter:
   def write_cpu(self) -> str:
     """The kernel body as an internal function with noalias parameters, and the entry point the runtime calls:
     `void name(ptr args, i64 core, i64 cores)`, where args holds 8-byte slots: the addresses of the buffers the
-    program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name)."""
+    program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name); or, with an argument table,
+    the table's address alone, and the body loads those words from the table."""
     params, variables = self.name_parameters()
     self.names.update({CORE: "%core", CORES: "%cores"})
     globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)
-    signature = [f"ptr noalias {self.names[p]}" for p in params] + [f"i64 {variable_slot_name(v)}" for v in variables]
+    if self.table is not None: signature = [self.table_parameter()]
+    else:
+      signature = [f"ptr noalias {self.names[p]}" for p in params]
+      signature += [f"i64 {variable_slot_name(v)}" for v in variables]
     signature += ["i64 %core", "i64 %cores"]
     # non-temporal stores are weakly ordered: make them visible before whoever waits for the kernel reads them
     fence = "\n  fence seq_cst" if self.streams else ""
@@ -208,7 +238,7 @@ class _FunctionWriter:
     declarations = "\n".join(sorted(self.declarations) + globals_)
     kernel = (f"define internal void @{self.name}.body({', '.join(signature)}) #0 {{\nentry:\n{body}{fence}\n"
               "  ret void\n}\n")
-    metadata = "!0 = !{i32 1}\n" if self.streams else ""
+    metadata = ("!0 = !{i32 1}\n" if self.streams else "") + self.table_metadata()
     return f"{declarations}\n\n{kernel}\n{self.entry_point(params, variables)}\n{metadata}" \
            'attributes #0 = { nounwind alwaysinline "frame-pointer"="none" }\n' \
            'attributes #1 = { nounwind "frame-pointer"="none" }\n'
@@ -230,7 +260,7 @@ class _FunctionWriter:
 
   def entry_point(self, params: list[UOp], variables: list[UOp]) -> str:
     lines, arguments = [], []
-    for slot, node in enumerate(params + variables):
+    for slot, node in enumerate([self.table] if self.table is not None else params + variables):
       kind = "ptr" if node.op is Ops.DEFINE_GLOBAL else "i64"
       lines.append(f"  %slot{slot} = getelementptr inbounds i64, ptr %args, i64 {slot}")
       lines.append(f"  %arg{slot} = load {kind}, ptr %slot{slot}, align 8")
@@ -357,8 +387,8 @@ class _FunctionWriter:
       self.emit(f"{safe} = select i1 {self.value(node.src[2])}, i64 {index}, i64 0")
       index = safe
     element = llvm_type(node.dtype.base, in_memory=True)
-    self.define(node, f"getelementptr inbounds {element}, {self.pointer(buffer)} {self.value(buffer)}, i64 {index}",
-                "addr")
+    address = self.buffer_address(buffer)
+    self.define(node, f"getelementptr inbounds {element}, {self.pointer(buffer)} {address}, i64 {index}", "addr")
 
   def op_load(self, node: UOp) -> None:
     pointer = node.src[0]

@@ -25,7 +25,7 @@ import numpy as np
 from rawgrad.autogen.amd import hsa
 from rawgrad.autogen.amd import kernel_descriptor as descriptors
 from rawgrad.drivers.amd import packets
-from rawgrad.compiler.codegen.linearize import kernel_parameters
+from rawgrad.compiler.codegen.linearize import argument_block_words
 from rawgrad.runtime.interpreter import InterpreterError, run_program
 
 WAIT_LIMIT_S = 60.0                  # a wait packet gives up (as a hang) after this; host waits time out sooner
@@ -227,8 +227,7 @@ class AQLEngine(QueueEngine):
     if found is None:
       raise QueueError(INVALID_CODE, f"no program is registered for the code at {code_address:#x} (kernel object "
                                      f"{packet.kernel_object:#x}): was the code object uploaded by the driver?")
-    parameters, variables = kernel_parameters(found.program)
-    count = len(parameters) + len(variables)
+    count = argument_block_words(found.program)
     if descriptor.kernarg_size or count:
       if packet.kernarg_address % 16:
         raise QueueError(INVALID_PACKET, f"kernarg_address {packet.kernarg_address:#x} is not 16-byte aligned")

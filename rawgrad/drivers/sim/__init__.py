@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from rawgrad.compiler.codegen.linearize import argument_block_words
 from rawgrad.compiler.codegen.lower import format_program
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.target import Target, gpu_target
@@ -249,9 +250,7 @@ class SimDevice(HCQDevice):
 
   def run_kernel(self, address: int, kernargs: int, gx: int, gy: int, gz: int, lx: int, ly: int, lz: int) -> None:
     program = self.program_at(address)
-    from rawgrad.compiler.codegen.linearize import kernel_parameters
-    params, variables = kernel_parameters(program)
-    count = len(params) + len(variables)
+    count = argument_block_words(program)
     args = [int(w) for w in self.resolve(kernargs, 8 * max(count, 1)).view(np.uint64)[:count]]
     run_program(program, (gx, gy, gz), (lx, ly, lz), args, self.resolve)
 

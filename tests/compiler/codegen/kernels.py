@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from rawgrad.compiler.codegen.linearize import argument_table, kernel_parameters
 from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.kernel import Opt
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import ScheduleItem, create_schedule
 from rawgrad.compiler.render.llvmir import LLVMRenderer, kernel_symbol
 from rawgrad.compiler.spec import verify_program
 from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
-from rawgrad.runtime.device import buffer_for
+from rawgrad.runtime.device import Buffer, buffer_for
 from rawgrad.engine.realize import run_schedule
 from rawgrad.engine.runner import variable_slot
 from rawgrad.tensor import Tensor
@@ -45,10 +46,17 @@ def run_item(item: ScheduleItem, opts: list[Opt] | None, cores: int = 1, slices:
   if fill is not None:
     output = buffers[0]
     output.copyin(memoryview(np.full(output.size, fill, dtype=output.numpy().dtype).view(np.uint8)))
-  var_values = dict(item.var_values)
-  used = sorted({u.arg for u in instructions if u.op is Ops.DEFINE_GLOBAL})
-  variables = sorted({u for u in instructions if u.op is Ops.DEFINE_VAR}, key=lambda u: u.arg[0])
-  slots = [buffers[i].address for i in used] + [variable_slot(v, var_values[v]) for v in variables]
-  kernargs = np.array(slots + [0], dtype=np.uint64)
+  kernargs = argument_block(instructions, buffers, dict(item.var_values))
   for core in (range(cores) if slices is None else slices): program(kernargs.ctypes.data, core, cores)
   return buffers[0].numpy()
+
+
+def argument_block(program: list[UOp], buffers: list[Buffer], var_values: dict[UOp, int]) -> np.ndarray:
+  """The argument block a CPU program takes: its argument words, or for a program past the target's argument limit
+  the address of its argument table, with the table after it in the same array (alive as long as the block)."""
+  params, variables = kernel_parameters(program)
+  words = [buffers[p.arg].address for p in params] + [variable_slot(v, var_values[v]) for v in variables]
+  if argument_table(program) is None: return np.array(words + [0], dtype=np.uint64)
+  block = np.array([0, 0, *words], dtype=np.uint64)
+  block[0] = block.ctypes.data + 16
+  return block

@@ -17,7 +17,7 @@ from rawgrad.compiler.spec import SpecError, verify_program
 from rawgrad.runtime.device import buffer_for
 from rawgrad.tensor import Tensor
 
-from tests.compiler.codegen.kernels import compiled, last_kernel, run_item
+from tests.compiler.codegen.kernels import argument_block, compiled, last_kernel, run_item
 
 SIZES = (0, 1, 7, 4097, 100003)
 GROUP = OptOps.GROUP
@@ -126,8 +126,7 @@ def run_program_twice(item: ScheduleItem, opts: list[Opt], cores: int) -> list[n
   """One compiled kernel launched twice, its output filled with nan before each launch."""
   program, instructions = compiled(item, opts)
   buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
-  used = sorted({u.arg for u in instructions if u.op is Ops.DEFINE_GLOBAL})
-  kernargs = np.array([buffers[i].address for i in used], dtype=np.uint64)
+  kernargs = argument_block(instructions, buffers, dict(item.var_values))
   results = []
   for _ in range(2):
     buffers[0].copyin(memoryview(np.full(buffers[0].size, np.nan, np.float32).view(np.uint8)))
@@ -151,8 +150,7 @@ def test_only_the_last_slice_stores() -> None:
   item = last_kernel(Tensor(a).sum())
   program, instructions = compiled(item, [Opt(GROUP, 0, 8)])
   buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
-  kernargs = np.array([buffers[i].address for i in sorted({u.arg for u in instructions
-                                                           if u.op is Ops.DEFINE_GLOBAL})], dtype=np.uint64)
+  kernargs = argument_block(instructions, buffers, dict(item.var_values))
   buffers[0].copyin(memoryview(np.full(1, -5.0, np.float32).view(np.uint8)))
   for core in (3, 0, 1):
     program(kernargs.ctypes.data, core, 4)
