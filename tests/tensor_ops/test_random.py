@@ -57,3 +57,9 @@ def test_initializers_respect_their_bounds() -> None:
   like = Tensor.zeros(4, 5, dtype=dtypes.float16).rand_like()
   assert like.shape == (4, 5) and like.dtype == dtypes.float16
   with pytest.raises(ValueError, match="low < high"): Tensor.randint(3, low=2, high=2)
+
+
+def test_a_draw_is_a_small_graph_whose_rounds_codegen_writes_out() -> None:
+  # the 20 rounds are one THREEFRY node until codegen: building a draw per call stays cheap
+  nodes = Tensor.rand(16).uop.toposort
+  assert sum(node.op is Ops.THREEFRY for node in nodes) == 1 and len(nodes) < 40, len(nodes)
