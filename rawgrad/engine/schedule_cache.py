@@ -109,9 +109,12 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
     buffers[placeholder] = placeholder.replace(src=(UOp(Ops.UNIQUE, arg=unique_id()), *placeholder.src[1:]))
   items = []
   for item, bound_at in zip(template.items, template.bound_at):
-    values = dict(item.var_values)
-    for variable, i in bound_at: values[variable] = nodes[i].src[1].arg
-    items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), tuple(values.items()), item.dims,
+    var_values = item.var_values
+    if bound_at:
+      values = dict(var_values)
+      for variable, i in bound_at: values[variable] = nodes[i].src[1].arg
+      var_values = tuple(values.items())
+    items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), var_values, item.dims,
                               item.operations, tuple((variable, nodes[i]) for variable, i in bound_at), item.outputs))
   becomes = {nodes[i]: substitute(view, buffers) for i, view in template.becomes}
   return Schedule(items, becomes)
