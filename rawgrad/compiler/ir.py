@@ -276,6 +276,11 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
       if sources_done:
         order[node] = None
         continue
+      if node is not self and (known := node.__dict__.get("toposort")) is not None:
+        # a node's own order, less what this walk has added already, is what the walk would add below it (what the
+        # walk has added is closed under sources): merged in one step, a new node on a sorted graph costs no walk
+        order.update(known)
+        continue
       stack.append((node, True))
       stack.extend((source, False) for source in reversed(node.src) if source not in order)
     return order

@@ -232,17 +232,20 @@ class _Rewriter:
       if not isinstance(result, UOp):
         raise RewriteError(f"{self.name}: rule at {rule.location} returned {type(result).__name__}, not a UOp")
       self.fired += 1
-      if self.fired > self.budget:
-        raise RewriteError(f"{self.name}: rules fired {self.fired} times on a graph of {self.budget // 1000} nodes "
-                           f"without converging (last at {rule.location}, making a {result.op})")
+      if self.fired > MAX_REWRITES_PER_INPUT_NODE and self.fired > self.budget():
+        raise RewriteError(f"{self.name}: rules fired {self.fired} times on a graph of {len(self.root.toposort)} "
+                           f"nodes without converging (last at {rule.location}, making a {result.op})")
       if self.tracing: REWRITE_TRACE.append(RewriteStep(self.name, rule.location, node, result))
       node = result
     raise RewriteError(f"{self.name}: rules do not converge at {node.op} after {MAX_REWRITES_PER_NODE} rewrites")
 
+  def budget(self) -> int:
+    # only asked once the rules fired more often than any graph allows: walking every input to count its nodes made
+    # a third of the cost of simplifying small index expressions
+    return MAX_REWRITES_PER_INPUT_NODE * len(self.root.toposort)
+
   def run(self, root: UOp) -> UOp:
-    # the input's toposort is needed for the budget and, kept cached on the input, keeps the nodes it reaches (and
-    # the cache's entries for them) alive while the input lives
-    self.fired, self.budget = 0, MAX_REWRITES_PER_INPUT_NODE * len(root.toposort)
+    self.root, self.fired = root, 0
     stack: list[tuple[UOp, int, UOp | None]] = [(root, 0, None)]
     rounds_without_progress = 0
     while True:

@@ -15,11 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Callable, Hashable, TypeVar
 
-from elftools.elf.constants import SH_FLAGS
 from elftools.elf.descriptions import describe_reloc_type
 from elftools.elf.elffile import ELFFile
-from elftools.elf.relocation import RelocationSection
-from elftools.elf.sections import Section, Symbol, SymbolTableSection
 
 from rawgrad.autogen.amd import kernel_descriptor as descriptors
 
@@ -205,27 +202,105 @@ AMDGPU = Arch(
 ARCHES: dict[str, Arch] = {"EM_X86_64": X86_64, "EM_AARCH64": AARCH64, "EM_AMDGPU": AMDGPU}
 
 
-# *** loading
-
 def _align(x: int, a: int) -> int:
   return (x + a - 1) // a * a
 
+
+# *** reading: the headers, symbols and relocations of a 64-bit little-endian object, with struct. pyelftools reads
+# the same (and names what is wrong when a file is not such an object) but takes ~1 ms per kernel, on the thread that
+# schedules and lowers the next kernels
+
+SHF_WRITE, SHF_ALLOC = 0x1, 0x2
+SHT_SYMTAB, SHT_RELA, SHT_NOBITS, SHT_REL = 2, 4, 8, 9
+SHN_UNDEF = 0
+STB_LOCAL, STT_OBJECT, STT_FUNC = 0, 1, 2
+MACHINES = {62: "EM_X86_64", 183: "EM_AARCH64", 224: "EM_AMDGPU"}
+_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")      # Elf64_Ehdr
+_SECTION = struct.Struct("<IIQQQQIIQQ")           # Elf64_Shdr
+_SYMBOL = struct.Struct("<IBBHQQ")                # Elf64_Sym
+_RELA = struct.Struct("<QQq")                     # Elf64_Rela
+
+
+@dataclass(frozen=True)
+class Section:
+  index: int
+  name: str
+  type: int
+  flags: int
+  offset: int
+  size: int
+  link: int
+  info: int
+  align: int
+
+
+@dataclass(frozen=True)
+class Symbol:
+  name: str
+  info: int   # binding in the high nibble, type in the low one
+  section: int
+  value: int
+
+
+class ElfObject:
+  """A relocatable object's sections, symbol tables and RELA relocations, read from its bytes."""
+
+  def __init__(self, obj: bytes):
+    self.obj = obj
+    header = _HEADER.unpack_from(obj)
+    ident, e_type, machine, shoff, shnum, shstrndx = header[0], header[1], header[2], header[6], header[12], header[13]
+    if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1 or e_type != 1 or machine not in MACHINES:
+      _reject(obj)
+    self.machine = MACHINES[machine]
+    raw = [_SECTION.unpack_from(obj, shoff + i * _SECTION.size) for i in range(shnum)]
+    names = raw[shstrndx][4]
+    self.sections = [Section(i, self._string(names, h[0]), h[1], h[2], h[4], h[5], h[6], h[7], h[8])
+                     for i, h in enumerate(raw)]
+
+  def _string(self, table_offset: int, at: int) -> str:
+    start = table_offset + at
+    return self.obj[start:self.obj.index(b"\0", start)].decode()
+
+  def data(self, section: Section) -> bytes:
+    return self.obj[section.offset:section.offset + section.size]
+
+  def symbols(self, symtab: Section) -> list[Symbol]:
+    names = self.sections[symtab.link].offset
+    return [Symbol(self._string(names, name), info, shndx, value)
+            for name, info, _, shndx, value, _ in _SYMBOL.iter_unpack(self.data(symtab))]
+
+  def relocations(self, section: Section) -> list[tuple[int, int, int, int]]:
+    """(offset, type, symbol index, addend) of each relocation in a RELA section."""
+    return [(offset, info & 0xFFFFFFFF, info >> 32, addend) for offset, info, addend in _RELA.iter_unpack(
+      self.data(section))]
+
+
+def _reject(obj: bytes) -> None:
+  """Raise naming what the file is instead of a 64-bit little-endian relocatable object of a known machine."""
+  elf = ELFFile(io.BytesIO(obj))
+  if elf.elfclass != 64 or not elf.little_endian or elf["e_type"] != "ET_REL":
+    raise ValueError(f"expected a 64-bit little-endian relocatable object, got ELFCLASS{elf.elfclass} "
+                     f"{'LSB' if elf.little_endian else 'MSB'} {elf['e_type']}")
+  raise ValueError(f"unsupported machine {elf['e_machine']}, expected one of {sorted(ARCHES)}")
+
+
+# *** loading
 
 def _place(sections: dict[int, Section], start: int, offsets: dict[int, int]) -> int:
   """Assigns each section (by index) an aligned image offset from start on; returns the end."""
   end = start
   for idx, s in sections.items():
-    if s["sh_addralign"] > PAGE_SIZE:  # the image itself is only page aligned
-      raise ValueError(f"section {s.name} needs {s['sh_addralign']}-byte alignment, more than a page ({PAGE_SIZE})")
-    end = _align(end, max(s["sh_addralign"], 1))
+    if s.align > PAGE_SIZE:  # the image itself is only page aligned
+      raise ValueError(f"section {s.name} needs {s.align}-byte alignment, more than a page ({PAGE_SIZE})")
+    end = _align(end, max(s.align, 1))
     offsets[idx] = end
-    end += s["sh_size"]
+    end += s.size
   return end
 
 
 def _is_writable(s: Section) -> bool:
   # .data.rel.ro is only written by relocation, which happens before the image turns read-only
-  return bool(s["sh_flags"] & SH_FLAGS.SHF_WRITE) and not s.name.startswith(".data.rel.ro")
+  return bool(s.flags & SHF_WRITE) and not s.name.startswith(".data.rel.ro")
 
 
 @dataclass(frozen=True)
@@ -239,65 +314,51 @@ class _RawReloc:
   addend: int
 
 
-def _raw_relocs(elf: ELFFile, arch: Arch, alloc: dict[int, Section]) -> list[_RawReloc]:
+def _raw_relocs(elf: ElfObject, arch: Arch, alloc: dict[int, Section]) -> list[_RawReloc]:
   out = []
-  for rs in elf.iter_sections():
-    if rs["sh_type"] == "SHT_REL":
+  for rs in elf.sections:
+    if rs.type == SHT_REL:
       raise RelocationError(f"{rs.name}: SHT_REL (no addends) is not supported, only RELA")
-    if not isinstance(rs, RelocationSection) or rs["sh_info"] not in alloc:
+    if rs.type != SHT_RELA or rs.info not in alloc:
       continue
-    target, symtab = alloc[rs["sh_info"]], elf.get_section(rs["sh_link"])
-    for r in rs.iter_relocations():
-      sym = symtab.get_symbol(r["r_info_sym"])
-      raw = _RawReloc(rs["sh_info"], target.name, r["r_offset"], r["r_info_type"], r["r_info_sym"], sym, r["r_addend"])
+    target, symbols = alloc[rs.info], elf.symbols(elf.sections[rs.link])
+    for offset, rtype, sym_index, addend in elf.relocations(rs):
+      raw = _RawReloc(rs.info, target.name, offset, rtype, sym_index, symbols[sym_index], addend)
       _check_supported(elf, arch, raw)
       out.append(raw)
   return out
 
 
-def _check_supported(elf: ELFFile, arch: Arch, r: _RawReloc) -> None:
+def _check_supported(elf: ElfObject, arch: Arch, r: _RawReloc) -> None:
   where = f"in {r.section_name} at {r.offset:#x} against {r.sym.name!r}"
   if r.type not in arch.relocs:
-    raise RelocationError(f"unsupported relocation {describe_reloc_type(r.type, elf)} (type {r.type}) {where}")
+    name = describe_reloc_type(r.type, ELFFile(io.BytesIO(elf.obj)))
+    raise RelocationError(f"unsupported relocation {name} (type {r.type}) {where}")
   if r.type in arch.got_relocs and arch.got_slot_has_addend and r.addend:
     raise RelocationError(f"{arch.relocs[r.type][0]} with nonzero addend {r.addend} {where}")
 
 
 def _symref(sym: Symbol, offsets: dict[int, int]) -> SymRef:
-  shndx = sym["st_shndx"]
-  if shndx == "SHN_UNDEF":
+  if sym.section == SHN_UNDEF:
     return SymRef(sym.name, None)
-  if not isinstance(shndx, int) or shndx not in offsets:
-    raise RelocationError(f"symbol {sym.name!r} is in section {shndx}, which is not part of the image")
-  return SymRef(sym.name, offsets[shndx] + sym["st_value"])
+  if sym.section not in offsets:
+    raise RelocationError(f"symbol {sym.name!r} is in section {sym.section}, which is not part of the image")
+  return SymRef(sym.name, offsets[sym.section] + sym.value)
 
 
-def _symbols(elf: ELFFile, offsets: dict[int, int], kind: str) -> dict[str, int]:
+def _symbols(symbols: list[Symbol], offsets: dict[int, int], kind: int) -> dict[str, int]:
   """Global symbols of a type (STT_FUNC, STT_OBJECT) in the image, by name."""
-  symtab = elf.get_section_by_name(".symtab")
-  if not isinstance(symtab, SymbolTableSection):
-    return {}
-  return {s.name: offsets[s["st_shndx"]] + s["st_value"] for s in symtab.iter_symbols()
-          if s["st_info"]["type"] == kind and s["st_info"]["bind"] != "STB_LOCAL" and s["st_shndx"] in offsets}
+  return {s.name: offsets[s.section] + s.value for s in symbols
+          if s.info & 0xF == kind and s.info >> 4 != STB_LOCAL and s.section in offsets}
 
 
-def _contents(elf: ELFFile, size: int, offsets: dict[int, int]) -> bytes:
+def _contents(elf: ElfObject, size: int, offsets: dict[int, int]) -> bytes:
   buf = bytearray(size)
   for idx, off in offsets.items():
-    s = elf.get_section(idx)
-    if s["sh_type"] != "SHT_NOBITS":
-      buf[off:off + s["sh_size"]] = s.data()
+    s = elf.sections[idx]
+    if s.type != SHT_NOBITS:
+      buf[off:off + s.size] = elf.data(s)
   return bytes(buf)
-
-
-def _open(obj: bytes) -> tuple[ELFFile, Arch]:
-  elf = ELFFile(io.BytesIO(obj))
-  if elf.elfclass != 64 or not elf.little_endian or elf["e_type"] != "ET_REL":
-    raise ValueError(f"expected a 64-bit little-endian relocatable object, got ELFCLASS{elf.elfclass} "
-                     f"{'LSB' if elf.little_endian else 'MSB'} {elf['e_type']}")
-  if (arch := ARCHES.get(elf["e_machine"])) is None:
-    raise ValueError(f"unsupported machine {elf['e_machine']}, expected one of {sorted(ARCHES)}")
-  return elf, arch
 
 
 def _slots(keys: list[Key], start: int, size: int) -> tuple[dict[Key, int], int]:
@@ -307,13 +368,14 @@ def _slots(keys: list[Key], start: int, size: int) -> tuple[dict[Key, int], int]
 
 def load_elf(obj: bytes) -> ElfImage:
   """Lays out obj's SHF_ALLOC sections, then the GOT and the external-call stubs, then the writable sections."""
-  elf, arch = _open(obj)
-  alloc = {i: s for i, s in enumerate(elf.iter_sections()) if s["sh_flags"] & SH_FLAGS.SHF_ALLOC}
+  elf = ElfObject(obj)
+  arch = ARCHES[elf.machine]
+  alloc = {s.index: s for s in elf.sections if s.flags & SHF_ALLOC}
   offsets: dict[int, int] = {}
   end = _place({i: s for i, s in alloc.items() if not _is_writable(s)}, 0, offsets)
   raws = _raw_relocs(elf, arch, alloc)
   got_syms = {r.sym_index: r.sym for r in raws if r.type in arch.got_relocs}
-  externs = [r.sym.name for r in raws if r.type in arch.call_relocs and r.sym["st_shndx"] == "SHN_UNDEF"]
+  externs = [r.sym.name for r in raws if r.type in arch.call_relocs and r.sym.section == SHN_UNDEF]
   got_at, end = _slots(list(got_syms), _align(end, GOT_SLOT), GOT_SLOT)
   stubs, exec_size = _slots(list(dict.fromkeys(externs)), _align(end, arch.stub_size), arch.stub_size)
   writable = {i: s for i, s in alloc.items() if _is_writable(s)}
@@ -321,8 +383,10 @@ def load_elf(obj: bytes) -> ElfImage:
   relocs = tuple(Reloc(offsets[r.section] + r.offset, r.type, _symref(r.sym, offsets), r.addend, r.section_name)
                  for r in raws)
   got = {_symref(got_syms[i], offsets): off for i, off in got_at.items()}
-  return ElfImage(elf["e_machine"], _contents(elf, size, offsets), _symbols(elf, offsets, "STT_FUNC"),
-                  _symbols(elf, offsets, "STT_OBJECT"), relocs, got, stubs, exec_size)
+  symtab = next((s for s in elf.sections if s.type == SHT_SYMTAB and s.name == ".symtab"), None)
+  symbols = elf.symbols(symtab) if symtab is not None else []
+  return ElfImage(elf.machine, _contents(elf, size, offsets), _symbols(symbols, offsets, STT_FUNC),
+                  _symbols(symbols, offsets, STT_OBJECT), relocs, got, stubs, exec_size)
 
 
 # *** relocation

@@ -3,6 +3,7 @@ import gc
 import hashlib
 import math
 import pickle
+import random
 import weakref
 from typing import Any, Callable
 
@@ -189,6 +190,31 @@ def test_toposort_of_a_deep_chain_does_not_recurse() -> None:
   node = Variable("chain", 0, 1)
   for i in range(5000): node = node + i
   assert len(_check_toposort(node)) == 5000 + 5001
+
+
+def _reference_order(root: UOp) -> list[UOp]:
+  """Sources first, left to right, each node once: the recursive walk toposort's order is defined by."""
+  order: dict[UOp, None] = {}
+  def visit(node: UOp) -> None:
+    if node in order: return
+    for source in node.src: visit(source)
+    order[node] = None
+  visit(root)
+  return list(order)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_toposort_over_sorted_subgraphs_keeps_the_order_of_a_full_walk(seed: int) -> None:
+  """A node whose sources (or their sources) have their toposort already merges those orders instead of walking them:
+  the order must be the same as a walk over the whole graph, whichever subgraphs were sorted before."""
+  rng = random.Random(seed)
+  nodes = [Variable(f"order{seed}_{i}", 0, 9) for i in range(4)]
+  for _ in range(60):
+    picks = [rng.choice(nodes) for _ in range(rng.choice((1, 2, 3)))]
+    nodes.append(UOp(Ops.SINK, dtypes.void, tuple(picks), arg=len(nodes)))
+  for node in rng.sample(nodes, 15): _ = node.toposort
+  root = UOp.sink(*rng.sample(nodes, 6))
+  assert list(root.toposort) == _reference_order(root)
 
 
 def _reference_digest(node: UOp) -> bytes:

@@ -438,3 +438,12 @@ def test_rules_that_keep_making_new_nodes_raise_instead_of_looping() -> None:
   with pytest.raises(RewriteError, match="without converging"):
     graph_rewrite(x + 1, growing)
   assert time.monotonic() - start < 10
+
+
+def test_a_rewrite_that_converges_does_not_walk_its_input_to_size_the_budget() -> None:
+  """The budget is sized from the input's nodes only when the rules fired that often: simplifying a small index
+  expression (thousands of them in a cold MNIST step) must not pay a walk of the whole input first."""
+  r = UOp.range(16, 0)
+  expression = r * 4 + UOp.variable("budget_n", 0, 9) + 3
+  assert graph_rewrite(expression, PatternMatcher([])) is expression
+  assert "toposort" not in expression.__dict__

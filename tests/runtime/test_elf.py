@@ -12,9 +12,11 @@ import sys
 import numpy as np
 import pytest
 from elftools.elf.elffile import ELFFile
+from elftools.elf.enums import ENUM_ST_INFO_BIND, ENUM_ST_INFO_TYPE, ENUM_ST_SHNDX
 
 from rawgrad.runtime.compile import LLVMCompiler
-from rawgrad.runtime.elf import ARCHES, PAGE_SIZE, ElfImage, Reloc, RelocationError, load_elf, relocate
+from rawgrad.runtime.elf import (ARCHES, PAGE_SIZE, ElfImage, ElfObject, Reloc, RelocationError, load_elf,
+                                 relocate)
 
 X86, A64 = "x86_64-unknown-linux-gnu", "aarch64-unknown-linux-gnu"
 BASE = 0x7F12_3456_0000
@@ -255,3 +257,23 @@ def test_rejects_other_machines_and_non_relocatable_files() -> None:
   with open(sys.executable, "rb") as f:
     with pytest.raises(ValueError, match="relocatable object, got .*ET_(EXEC|DYN)"):
       load_elf(f.read())
+
+
+@pytest.mark.parametrize("triple", [X86, A64])
+def test_reader_agrees_with_pyelftools(triple: str) -> None:
+  """The struct-based reader sees the sections, symbols and relocations pyelftools sees in the same object."""
+  obj = LLVMCompiler(triple).compile(SRC)
+  reference, ours = ELFFile(io.BytesIO(obj)), ElfObject(obj)
+  assert ours.machine == reference["e_machine"]
+  sections = list(reference.iter_sections())
+  assert [(s.name, s.offset, s.size, s.flags, s.info, s.link, s.align) for s in ours.sections] == \
+    [(s.name, s["sh_offset"], s["sh_size"], s["sh_flags"], s["sh_info"], s["sh_link"], s["sh_addralign"])
+     for s in sections]
+  symtab = next(s for s in ours.sections if s.name == ".symtab")
+  assert [(s.name, s.value, s.info >> 4, s.info & 0xF, s.section) for s in ours.symbols(symtab)] == \
+    [(s.name, s["st_value"], ENUM_ST_INFO_BIND[s["st_info"]["bind"]], ENUM_ST_INFO_TYPE[s["st_info"]["type"]],
+      ENUM_ST_SHNDX.get(s["st_shndx"], s["st_shndx"])) for s in reference.get_section_by_name(".symtab").iter_symbols()]
+  for ours_section, section in zip(ours.sections, sections):
+    if section["sh_type"] != "SHT_RELA": continue
+    assert ours.relocations(ours_section) == [(r["r_offset"], r["r_info_type"], r["r_info_sym"], r["r_addend"])
+                                              for r in section.iter_relocations()]

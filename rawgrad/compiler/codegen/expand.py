@@ -123,7 +123,10 @@ class _Expander:
     return self.cache[key]
 
   def at_lane(self, expr: UOp, lane: int) -> UOp:
-    return simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
+    """An index or gate expression for one lane, simplified (the copies of a kernel share many)."""
+    key = ("lane", expr, lane)
+    if key not in self.cache: self.cache[key] = simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
+    return self.cache[key]
 
   def uses_lanes(self, expr: UOp | None) -> bool:
     return expr is not None and self.upcast is not None and self.upcast in expr.toposort

@@ -239,8 +239,9 @@ def linearize(ast: UOp) -> list[UOp]:
   stagings = [node for node in ast.toposort if is_staging(node)]
   linearizer.pending_stagings = [node for node in stagings if node.op is Ops.BARRIER]
   linearizer.emit_ready_stagings(stagings)
-  nests = [(loops, [store for store in ast.src if output_loops(store) == loops])
-           for loops in dict.fromkeys(tuple(output_loops(store)) for store in ast.src)]
+  loops_of = {store: output_loops(store) for store in ast.src}
+  nests = [(loops, [store for store in ast.src if loops_of[store] == loops])
+           for loops in dict.fromkeys(loops_of.values())]
   for loops, stores in nests:
     for barrier in _barriers(stores):
       if linearizer.lookup(barrier) is not None: continue
