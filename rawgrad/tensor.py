@@ -634,7 +634,8 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     for tensor in live:
       if (view := becomes_map.get(tensor.uop)) is not None:  # a tensor realized here: its graph is its buffer
         tensor.uop = view
-        kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
+        if (base := buffer_base(view)) is not None: kept.add(base)
+        else: kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
         continue
       if (order := tensor.uop.__dict__.get("toposort")) is None:
         fresh.append(tensor)

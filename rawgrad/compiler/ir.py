@@ -266,6 +266,13 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   # *** graph traversal ***
 
   @functools.cached_property
+  def local_key(self) -> tuple:
+    """The node without its sources, for keys of a graph's structure: (op, dtype, arg, tag), the arg by arg_key (0.0
+    is not -0.0), and left out where it names an instance rather than a structure: a UNIQUE's id, a bound value."""
+    instance = self.op is Ops.UNIQUE or (self.op is Ops.CONST and self.tag == "bound")
+    return (self.op, self.dtype, None if instance else arg_key(self.arg), self.tag)
+
+  @functools.cached_property
   def toposort(self) -> dict[UOp, None]:
     """Every node reachable from this one, sources before their users (this node last)."""
     order: dict[UOp, None] = {}

@@ -16,7 +16,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Callable
 
-from rawgrad.compiler.ir import Ops, UOp, arg_key
+from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.helpers import LRUCache, getenv, unique_id
@@ -57,19 +57,14 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
 
 
 def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:
-  """The graph with its holes left out, as a tuple (a digest of it for a large graph, whose tuple would cost more memory
-  than its schedule); None where a bound value's node is also used as a value elsewhere (its value would be both a
-  hole and part of the shape)."""
+  """The graph with its holes left out (UOp.local_key), as a tuple (a digest of it for a large graph, whose tuple
+  would cost more memory than its schedule); None where a bound value's node is also used as a value elsewhere (its
+  value would be both a hole and part of the shape)."""
   position = {node: i for i, node in enumerate(nodes)}
-  bound_values = {node.src[1] for node in nodes if node.op is Ops.BIND}
-  parts = []
-  for node in nodes:
-    if node.op is Ops.UNIQUE or node in bound_values: arg = None
-    else: arg = arg_key(node.arg)  # tells 0.0 from -0.0, as the scheduler's constants do
-    if bound_values:
-      for i, source in enumerate(node.src):
-        if source in bound_values and not (node.op is Ops.BIND and i == 1): return None
-    parts.append((node.op, node.dtype, arg, node.tag, tuple(position[source] for source in node.src)))
+  parts = [(node.local_key, tuple(position[source] for source in node.src)) for node in nodes]
+  if any(node.op is Ops.BIND for node in nodes):
+    for node in nodes:
+      if node.op is not Ops.BIND and any(source.tag == "bound" for source in node.src): return None
   if len(parts) <= LARGE_GRAPH: return tuple(parts)
   return hashlib.blake2b(pickle.dumps(parts), digest_size=16).digest()
 
