@@ -65,7 +65,8 @@ class Optimizer:
   def step(self) -> None:
     """Update the parameters from their gradients. A step like one before (the same parameters with gradients, the
     same state buffers, gradient shapes and settings) replays the kernels captured from that step (rawgrad.jit)
-    rather than building the update's graph again: after two steps, a step costs microseconds per parameter."""
+    rather than building the update's graph again: after two steps, a step costs microseconds per parameter. The
+    capture holds on to the gradient buffers of the last step until the next one replaces them."""
     key = self._replay_key()
     replay = None if key is None else self._replays.get(key)
     if key is not None and replay is None: replay = self._replays.put(key, jit(self._realize_step))
