@@ -626,17 +626,18 @@ def realize_tensors(tensors: list[Tensor]) -> None:
     schedule = cached_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
     becomes_map = schedule.becomes_map
     live = list(all_tensors)
-    # A tensor whose graph was walked before (its toposort is cached: a realized tensor, typically) is looked up on
-    # its own, which costs a lookup per realized node; the others are walked together in one substitute, since they
-    # share most nodes. Buffers this schedule creates are kept when a live tensor's new graph holds them.
+    # A tensor that is a plain buffer (realized before) holds no node of the map. A tensor whose graph was walked
+    # before (its toposort is cached) is looked up on its own, which costs a lookup per node; the others are walked
+    # together in one substitute, since they share most nodes. Buffers this schedule creates are kept when a live
+    # tensor's new graph holds them.
     kept: set[UOp] = set()
     fresh = []
     for tensor in live:
       if (view := becomes_map.get(tensor.uop)) is not None:  # a tensor realized here: its graph is its buffer
         tensor.uop = view
-        if (base := buffer_base(view)) is not None: kept.add(base)
-        else: kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
+        kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
         continue
+      if buffer_base(tensor.uop) is not None: continue
       if (order := tensor.uop.__dict__.get("toposort")) is None:
         fresh.append(tensor)
         continue
