@@ -54,6 +54,19 @@ def _nested_shape(data: Any) -> tuple[int, ...]:
   return (len(data), *inner[0])
 
 
+def _uop_of(data: Any, device: str, dtype: DType | None) -> UOp:
+  """The graph of a new tensor made from data that is not a graph (a Tensor, an array, a number, nested lists)."""
+  if isinstance(data, Tensor): return data.uop if dtype is None else data.uop.cast(dtype)
+  if isinstance(data, np.ndarray): return _from_numpy(data, device, dtype)
+  if isinstance(data, np.generic): return _from_numpy(np.asarray(data), device, dtype)
+  if isinstance(data, (bool, int, float)):
+    return UOp.const(dtype or dtypes.from_py(data), data, (_device_node(device),))
+  if isinstance(data, (list, tuple)):
+    dtype = dtype or dtypes.from_py(data)
+    return _from_numpy(np.array(_flat(data), dtype=dtypes.to_numpy(dtype)).reshape(_nested_shape(data)), device, dtype)
+  raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+
+
 def _flat(data: Any) -> list:
   if not isinstance(data, (list, tuple)): return [data]
   return [value for item in data for value in _flat(item)]
@@ -66,21 +79,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
                requires_grad: bool | None = None):
-    device = _canonical_device(device)
     dtype = None if dtype is None else to_dtype(dtype)
-    if isinstance(data, UOp): uop = data
-    elif isinstance(data, Tensor): uop = data.uop if dtype is None else data.uop.cast(dtype)
-    elif isinstance(data, np.ndarray): uop = _from_numpy(data, device, dtype)
-    elif isinstance(data, np.generic): uop = _from_numpy(np.asarray(data), device, dtype)
-    elif isinstance(data, (bool, int, float)):
-      dtype = dtype or dtypes.from_py(data)
-      uop = UOp.const(dtype, data, (_device_node(device),))
-    elif isinstance(data, (list, tuple)):
-      shape = _nested_shape(data)
-      dtype = dtype or dtypes.from_py(data)
-      uop = _from_numpy(np.array(_flat(data), dtype=dtypes.to_numpy(dtype)).reshape(shape), device, dtype)
-    else:
-      raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+    # every operation makes a Tensor of a UOp: that case looks up no device
+    uop = data if isinstance(data, UOp) else _uop_of(data, _canonical_device(device), dtype)
     if Tensor._no_grad and isinstance(data, UOp) and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
       uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     self.uop: UOp = uop

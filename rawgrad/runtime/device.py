@@ -96,6 +96,7 @@ class _DeviceRegistry:
     return list(self._opened.values())
 
   def __getitem__(self, name: str) -> Any:
+    if (opened := self._opened.get(name)) is not None: return opened  # a canonical name, asked on every launch
     name = self.canonicalize(name)
     if name not in self._opened:
       module = importlib.import_module(self._drivers[name.split(":")[0]])
