@@ -17,7 +17,7 @@ from rawgrad.engine.jit import CapturedCopy, CapturedKernel, capturing
 from rawgrad.engine.runner import CompiledRunner, build_runner, copy_buffer
 from rawgrad.engine.search import searched_opts
 from rawgrad.helpers import DEBUG, PROFILE, GlobalCounters, LRUCache
-from rawgrad.runtime.compile import compile_cached, save_objects
+from rawgrad.runtime.compile import compile_cached, parallel_compiles, save_objects
 from rawgrad.runtime.device import Buffer, Device, bind_buffer, buffer_for
 from rawgrad.runtime.memory import plan_arena
 from rawgrad.runtime.profile import KernelEvent, record_kernel
@@ -35,10 +35,11 @@ def get_runner(device: str, ast: UOp) -> CompiledRunner:
 
 
 class KernelCompiler:
-  """Compiles kernels on a second thread. `start` lowers and renders a kernel here and hands its source to the compiler
-  thread: LLVM runs without holding the GIL, so compiling one kernel overlaps lowering the next (and scheduling the
-  rest) on a second core. `runner` waits for a kernel's machine code and loads it. The new machine code goes to the
-  disk cache in one transaction at the end, not one (and one wait for the disk) per kernel."""
+  """Compiles kernels on other threads. `start` lowers and renders a kernel here and hands its source to a compiler
+  thread, which compiles it in a worker process (one thread per worker, see runtime/compile_worker.py) or in this
+  process without holding the GIL: compiling overlaps lowering the next kernels (and scheduling the rest). `runner`
+  waits for a kernel's machine code and loads it. The new machine code goes to the disk cache in one transaction at
+  the end, not one (and one wait for the disk) per kernel."""
 
   def __init__(self) -> None:
     self.compiling: dict[tuple[str, UOp], tuple[LoweredKernel, str, Future[bytes]]] = {}
@@ -57,8 +58,8 @@ class KernelCompiler:
 
   def _compiler_thread(self) -> ThreadPoolExecutor:
     if self.thread is None:
-      self.thread = ThreadPoolExecutor(1, thread_name_prefix="rawgrad-compile")
-      # the compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch
+      self.thread = ThreadPoolExecutor(parallel_compiles(), thread_name_prefix="rawgrad-compile")
+      # a compiler thread needs the GIL back between its many short LLVM calls; at Python's default switch
       # interval (5 ms) it waits that long after each while this thread runs Python, and compiling takes half as
       # long again
       self.interval = sys.getswitchinterval()

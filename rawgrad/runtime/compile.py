@@ -2,6 +2,7 @@
 ptxas); and an on-disk cache of compiled objects shared by processes, keyed by each compiler's target."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import glob
@@ -12,6 +13,7 @@ import sqlite3
 import struct
 import subprocess
 import tempfile
+import threading
 import warnings
 from pathlib import Path
 from typing import Protocol
@@ -21,11 +23,8 @@ import llvmlite.binding as llvm
 
 from rawgrad.compiler.program_text import program_from_comments
 from rawgrad.compiler.target import Target, host_target
-
-
-class CompileError(Exception):
-  """LLVM rejected the IR; the message has LLVM's error and the IR with line numbers."""
-
+from rawgrad.runtime.compile_worker import (CompileError, CompileWorkers, WorkerUnavailable, compile_object,
+                                           cpu_target_machine, init_llvm, llvm_version, numbered, optimized_module)
 
 class Compiler(Protocol):
   cache_key: str  # everything besides the source that decides the output
@@ -33,67 +32,92 @@ class Compiler(Protocol):
   def compile(self, src: str) -> bytes: ...
 
 
-@functools.cache
-def _init_llvm() -> None:
-  # every target, not just the native one, so objects for other machines can be built (and their loading tested)
-  llvm.initialize_all_targets()
-  llvm.initialize_all_asmprinters()
-
-
-def _numbered(src: str) -> str:
-  return "\n".join(f"{i:4d} | {line}" for i, line in enumerate(src.splitlines(), 1))
-
-
 class LLVMCompiler:
   """Compiles LLVM IR text to a relocatable ELF object at -O3 for a target (the host CPU by default; a triple string
-  names a foreign CPU, compiled for its baseline)."""
+  names a foreign CPU, compiled for its baseline). Compiles run in worker processes (see compile_worker.py) where
+  they can, else in this process."""
 
   def __init__(self, target: Target | str | None = None) -> None:
-    _init_llvm()
+    init_llvm()
     if target is None or isinstance(target, str) and target == llvm.get_process_triple(): target = host_target()
     if isinstance(target, str): target = Target(kind="cpu", arch=target.split("-")[0], triple=target, cpu="generic")
     self.target = target
     self.triple = target.triple
     # the host's exact CPU and features so AVX2/AVX-512/NEON get used (or the ones CPU_ISA forces)
-    cpu, features = target.cpu, target.features
+    self.cpu, self.features = target.cpu, target.features
     # PIC with the small code model: our loader puts everything in one image far smaller than 2GB, so references
     # inside it are PC-relative 32-bit fields (PC32/PLT32, ADRP+ADD) that work wherever mmap puts the image. Only
     # external symbols can be far away; calls to them are PLT32/CALL26 that the loader sends through its own stubs,
     # data through GOT slots. 'static' would emit absolute R_X86_64_32S, which need an image in the low 2GB, and
     # 'large' would turn every address into a 64-bit immediate.
-    machine = llvm.Target.from_triple(self.triple)
-    self._tm = machine.create_target_machine(cpu=cpu, features=features, opt=3, reloc="pic", codemodel="small")
-    llvm_version = ".".join(map(str, llvm.llvm_version_info))
-    self.cache_key = "|".join(("LLVMCompiler(O3,pic,small)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version}",
-                               self.triple, cpu, features))
+    self._tm = cpu_target_machine(self.triple, self.cpu, self.features)
+    self.cache_key = "|".join(("LLVMCompiler(O3,pic,small)", f"llvmlite {llvmlite.__version__}",
+                               f"LLVM {llvm_version()}", self.triple, self.cpu, self.features))
 
   def compile(self, src: str) -> bytes:
-    return self._tm.emit_object(self._optimized(src))
+    if (workers := compile_workers()) is not None:
+      try:
+        return workers.compile(self.triple, self.cpu, self.features, src)
+      except WorkerUnavailable as error:
+        _stop_workers(error)
+    return self.compile_here(src)
+
+  def compile_here(self, src: str) -> bytes:
+    """The object compiled in this process (what a worker makes, byte for byte)."""
+    return compile_object(self._tm, src)
 
   def assembly(self, src: str) -> str:
     """The optimized machine code as assembly text, to see what LLVM made of src; LLVM's comments mark the loops
     (`Inner Loop Header: Depth=3`) and the registers it spilled (`32-byte Spill`, `32-byte Reload`)."""
     self._tm.set_asm_verbosity(True)
-    return self._tm.emit_assembly(self._optimized(src))
-
-  def _optimized(self, src: str) -> llvm.ModuleRef:
-    # SLP vectorization is off by default; it packs straight-line float math into vector instructions
-    return _optimized_module(self._tm, src, slp_vectorization=True)
+    return self._tm.emit_assembly(optimized_module(self._tm, src, slp_vectorization=True))
 
 
-def _optimized_module(machine: llvm.TargetMachine, src: str, slp_vectorization: bool = False) -> llvm.ModuleRef:
-  """The module of LLVM IR `src`, verified and optimized at O3 for `machine`."""
-  try:
-    module = llvm.parse_assembly(src)
-    module.verify()
-  except RuntimeError as e:
-    raise CompileError(f"{e}\nin the IR:\n{_numbered(src)}") from None
-  module.triple, module.data_layout = machine.triple, str(machine.target_data)
-  tuning = llvm.create_pipeline_tuning_options(speed_level=3)
-  tuning.slp_vectorization = slp_vectorization
-  pass_builder = llvm.create_pass_builder(machine, tuning)
-  pass_builder.getModulePassManager().run(module, pass_builder)
-  return module
+# *** worker processes
+
+_workers: dict[int, CompileWorkers | None] = {}  # by process id: a forked child starts its own
+_workers_lock = threading.Lock()
+
+
+def worker_count() -> int:
+  """COMPILE_WORKERS, read when a process's first compile starts them: how many LLVM compiles run at once in
+  worker processes; 0 compiles in this process, one at a time. By default one per core this process may use."""
+  if (count := os.environ.get("COMPILE_WORKERS", "")) != "": return int(count)
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def compile_workers() -> CompileWorkers | None:
+  """This process's compile workers, None where compiles run in this process."""
+  if (workers := _workers.get(pid := os.getpid(), False)) is not False: return workers
+  with _workers_lock:
+    if pid not in _workers:
+      _workers[pid] = CompileWorkers(count) if (count := worker_count()) > 0 else None
+      if _workers[pid] is not None: atexit.register(_workers[pid].close)
+  return _workers[pid]
+
+
+def parallel_compiles() -> int:
+  """How many compiles are worth running at once: one per worker, or one (llvmlite's lock) in this process."""
+  return workers.size if (workers := compile_workers()) is not None else 1
+
+
+def _stop_workers(error: WorkerUnavailable) -> None:
+  with _workers_lock:
+    if (workers := _workers.get(os.getpid())) is None: return
+    _workers[os.getpid()] = None
+  warnings.warn(f"compiling in this process, one kernel at a time: {error}", RuntimeWarning, stacklevel=3)
+  workers.close()
+
+
+def _forget_parent_workers() -> None:
+  # a forked child holds copies of its parent's pipes: close them (the parent's workers must still see the parent's
+  # own close as the end of their input) and start its own workers when it compiles
+  for workers in _workers.values():
+    if workers is not None: workers.abandon()
+  _workers.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_workers)
 
 
 # *** NVIDIA: PTX and cubins
@@ -104,18 +128,17 @@ class PTXCompiler:
   runs that, since it cannot run the cubin's machine code."""
 
   def __init__(self, target: Target, embed_program: bool = False) -> None:
-    _init_llvm()
+    init_llvm()
     self.target, self.embed_program = target, embed_program
     machine = llvm.Target.from_triple(target.triple)
     self._tm = machine.create_target_machine(cpu=target.cpu, features=target.features, opt=3)
-    llvm_version = ".".join(map(str, llvm.llvm_version_info))
     # a different assembler makes a different cubin
-    self.cache_key = "|".join(("PTXCompiler(O3)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version}",
+    self.cache_key = "|".join(("PTXCompiler(O3)", f"llvmlite {llvmlite.__version__}", f"LLVM {llvm_version()}",
                                target.triple, target.cpu, target.features, f"embed={embed_program}", _ptxas_version()))
 
   def ptx(self, src: str) -> str:
     """The PTX assembly of an LLVM IR module."""
-    return self._tm.emit_assembly(_optimized_module(self._tm, src))
+    return self._tm.emit_assembly(optimized_module(self._tm, src))
 
   def assembly(self, src: str) -> str:
     """The device assembly (PTX) of a module."""
@@ -162,7 +185,7 @@ def assemble_ptx(ptx: str, arch: str) -> bytes:
     with open(source, "w") as file: file.write(ptx)
     result = subprocess.run([ptxas, f"-arch={arch}", "-O3", source, "-o", output], capture_output=True, text=True)
     if result.returncode != 0:
-      raise CompileError(f"ptxas ({ptxas}) rejected the PTX: {result.stderr.strip()}\n{_numbered(ptx)}")
+      raise CompileError(f"ptxas ({ptxas}) rejected the PTX: {result.stderr.strip()}\n{numbered(ptx)}")
     with open(output, "rb") as file: return file.read()
 
 

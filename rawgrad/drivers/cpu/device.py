@@ -9,7 +9,8 @@ import numpy as np
 
 from rawgrad.compiler.render.llvmir import LLVMRenderer
 from rawgrad.compiler.target import host_target
-from rawgrad.drivers.cpu.native import CommandBuffer, NativeRuntime, aligned_words, native_store_signal
+from rawgrad.drivers.cpu.native import (CommandBuffer, NativeRuntime, aligned_words, native_store_signal,
+                                        start_native_compile)
 from rawgrad.drivers.cpu.program import CPUKernel
 from rawgrad.runtime.compile import LLVMCompiler
 from rawgrad.runtime.device import Allocator
@@ -50,6 +51,7 @@ class CPUDevice(HCQDevice):
     target = host_target()
     super().__init__(name, target, CPUAllocator(), LLVMCompiler(target), LLVMRenderer(target), CPUKernel)
     self._runtime: NativeRuntime | None = None
+    start_native_compile()  # the first kernel launch needs it
 
   @property
   def runtime(self) -> NativeRuntime:

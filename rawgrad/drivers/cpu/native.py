@@ -57,6 +57,7 @@ import time
 import warnings
 import weakref
 from collections import deque
+from concurrent.futures import Future
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -839,9 +840,29 @@ class _NativeCode:
   signal_sleepers_address: int
 
 
+def start_native_compile() -> None:
+  """Start compiling the runtime in the background (in a compile worker, where there are workers): a device opened
+  now first lowers and compiles a kernel, and the runtime it launches that kernel on compiles meanwhile."""
+  _native_object(os.getpid())
+
+
+@functools.cache
+def _native_object(pid: int) -> Future[bytes]:
+  # by process id: a child forked while the parent's compile thread ran would wait for a thread it does not have
+  compiled: Future[bytes] = Future()
+
+  def compile_runtime() -> None:
+    try:
+      compiled.set_result(compile_cached(LLVMCompiler(), native_source()))
+    except BaseException as error:  # raised where the runtime is needed
+      compiled.set_exception(error)
+  threading.Thread(target=compile_runtime, name="rawgrad-native-compile", daemon=True).start()
+  return compiled
+
+
 @functools.cache
 def _native_code() -> _NativeCode:
-  obj = compile_cached(LLVMCompiler(), native_source())
+  obj = _native_object(os.getpid()).result()  # its compile's waits have timeouts (see compile_worker.py)
   image = CPUProgram("command_processor", obj)
   address = {name: image.base + offset for name, offset in load_elf(obj).functions.items()}
   sleepers = aligned_words(SIGNAL_BYTES // 8)

@@ -13,8 +13,8 @@ from rawgrad.compiler.render.llvmir import LLVMRenderer, kernel_symbol
 from rawgrad.compiler.spec import verify_program
 from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
-from rawgrad.runtime.device import Buffer, buffer_for
-from rawgrad.engine.realize import run_schedule
+from rawgrad.runtime.device import Buffer, Device, buffer_for
+from rawgrad.engine.realize import item_device, run_schedule
 from rawgrad.engine.runner import variable_slot
 from rawgrad.tensor import Tensor
 
@@ -31,9 +31,11 @@ def compiled(item: ScheduleItem, opts: list[Opt] | None) -> tuple[CPUProgram, li
 
 
 def last_kernel(tensor: Tensor) -> ScheduleItem:
-  """The kernel that computes `tensor`; the kernels before it run now, the normal way."""
+  """The kernel that computes `tensor`; the kernels before it run now, the normal way, and are waited for: run_item
+  calls the kernel from this thread, not after them on the device's queue."""
   items = create_schedule([tensor.uop]).items
   run_schedule(items[:-1])
+  for device in {item_device(item) for item in items[:-1]}: Device[device].synchronize()
   return items[-1]
 
 

@@ -590,3 +590,27 @@ def test_a_host_wait_sleeping_on_a_signal_wakes_when_it_is_set(runtime: NativeRu
   runtime.wait_signal(signal, 3, TIMEOUT)
   setter.join()
   assert signal.value == 3
+
+
+def test_the_runtime_compiles_in_the_background_from_when_a_device_opens(monkeypatch: pytest.MonkeyPatch) -> None:
+  import rawgrad.drivers.cpu.native as native
+  from rawgrad.drivers.cpu.device import CPUDevice
+  started: list[int] = []
+  monkeypatch.setattr(native, "_native_object", lambda pid: started.append(pid))
+  CPUDevice("CPU:background")
+  assert started == [os.getpid()]
+  monkeypatch.undo()
+  object_future = native._native_object(os.getpid())
+  assert object_future.result(timeout=120) == LLVMCompiler().compile(native.native_source())
+  assert native._native_object(os.getpid()) is object_future  # compiled once per process
+
+
+def test_a_failed_runtime_compile_is_raised_where_the_runtime_is_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+  import rawgrad.drivers.cpu.native as native
+  from rawgrad.runtime.compile import CompileError
+  def failing(compiler: object, source: str) -> bytes:
+    raise CompileError("LLVM said no to the runtime")
+  monkeypatch.setattr(native, "compile_cached", failing)
+  failed = native._native_object(-1)  # a process id of its own: the real one keeps its compiled runtime
+  with pytest.raises(CompileError, match="LLVM said no to the runtime"):
+    failed.result(timeout=60)
