@@ -20,21 +20,22 @@ class DType:
   fmt: str | None    # struct format character of one scalar, None where struct has none (bfloat16)
   count: int = 1
 
-  # dtypes are compared and hashed on every node built: the hash is computed once, and equal is usually identical
+  # dtypes are compared and hashed on every node built: the fields' tuple and its hash are made once, and equal is
+  # usually identical
   def __post_init__(self) -> None:
-    object.__setattr__(self, "_hash", hash((self.name, self.itemsize, self.kind, self.fmt, self.count)))
+    object.__setattr__(self, "_key", (self.name, self.itemsize, self.kind, self.fmt, self.count))
+    object.__setattr__(self, "_hash", hash(self._key))
 
   def __hash__(self) -> int:
     return self._hash
 
   def __reduce__(self) -> tuple:
-    return DType, (self.name, self.itemsize, self.kind, self.fmt, self.count)  # str hashes differ between processes
+    return DType, self._key  # rebuilt, not copied: str hashes differ between processes
 
   def __eq__(self, other: object) -> bool:
     if self is other: return True
     if type(other) is not DType: return NotImplemented
-    return self._hash == other._hash and (self.name, self.itemsize, self.kind, self.fmt, self.count) == \
-      (other.name, other.itemsize, other.kind, other.fmt, other.count)
+    return self._hash == other._hash and self._key == other._key
 
   @property
   def scalar(self) -> DType:

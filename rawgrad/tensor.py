@@ -17,12 +17,12 @@ from rawgrad.engine.jit import refuse_host_read
 from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
 from rawgrad.errors import ArgumentError, DTypeError, ShapeError
-from rawgrad.helpers import PROFILE, LRUCache, all_same, prod, unique_id
+from rawgrad.helpers import PROFILE, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
-from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, shape_arg
+from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, scalar_uop, shape_arg
 from rawgrad.tensor_ops.nn import NNOps
 from rawgrad.tensor_ops.random import RandomOps
 from rawgrad.tensor_ops.reduce import ReduceOps
@@ -315,7 +315,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     if not isinstance(other, (bool, int, float)):
       raise TypeError(f"unsupported operand type {type(other).__name__} for a Tensor operation")
     dtype = _scalar_result_dtype(self.dtype, other)
-    return self.cast(dtype), Tensor(_scalar_uop(other, dtype, self.device, self.shape))
+    return self.cast(dtype), Tensor(scalar_uop(other, dtype, self.device, self.shape))
 
   def _broadcasted(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x, y = self._to_tensor_like(other)
@@ -691,20 +691,6 @@ def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   uop = _buffer_uop(data.shape, dtype, device)
   buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
   return uop
-
-
-# (value, its type, dtype, device, shape) -> the constant broadcast to the shape: `x * 2` in a loop builds it once
-_scalars: LRUCache[tuple, UOp] = LRUCache(4096)
-
-
-def _scalar_uop(value: bool | int | float, dtype: DType, device: str, shape: tuple[sint, ...]) -> UOp:
-  """A Python scalar as a constant of `dtype` on `device`, broadcast to `shape`."""
-  # 0.0 and -0.0 are equal keys with different values: they are not cached (nor is NaN, which equals no key)
-  key = (value, type(value), dtype, device, shape) if value != 0 or type(value) is not float else None
-  if key is not None and (uop := _scalars.get(key)) is not None: return uop
-  uop = UOp.const(dtype, value, (_device_node(device),))
-  if shape: uop = uop.reshape((1,) * len(shape)).expand(shape)
-  return uop if key is None else _scalars.put(key, uop)
 
 
 def _dtype_or(dtype: Any, default: DType) -> DType:

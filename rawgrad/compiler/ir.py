@@ -107,6 +107,9 @@ class GroupOp:
   Comparison = frozenset({Ops.CMPLT, Ops.CMPNE})
 
 
+BOUND = "bound"  # the tag of a BIND's value node: never shared with an equal constant, and a hole in structural keys
+
+
 def arg_key(arg: Any) -> Any:
   """A hashing key for an arg that tells 0.0 from -0.0 and True from 1, and keeps nan equal to itself."""
   if type(arg) is float: return ("float", arg.hex())
@@ -260,7 +263,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     on_device = (UOp(Ops.DEVICE, arg=device),) if device is not None else ()
     # the value's node is tagged: it is never shared with an equal constant used elsewhere (the schedule cache
     # treats the value as a hole, and a shared node would be one too)
-    bound = UOp(Ops.CONST, self.dtype, (), value, tag="bound")
+    bound = UOp(Ops.CONST, self.dtype, (), value, tag=BOUND)
     return UOp(Ops.BIND, self.dtype, (self, bound, *on_device))
 
   # *** graph traversal ***
@@ -269,7 +272,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
   def local_key(self) -> tuple:
     """The node without its sources, for keys of a graph's structure: (op, dtype, arg, tag), the arg by arg_key (0.0
     is not -0.0), and left out where it names an instance rather than a structure: a UNIQUE's id, a bound value."""
-    instance = self.op is Ops.UNIQUE or (self.op is Ops.CONST and self.tag == "bound")
+    instance = self.op is Ops.UNIQUE or (self.op is Ops.CONST and self.tag == BOUND)
     return (self.op, self.dtype, None if instance else arg_key(self.arg), self.tag)
 
   @functools.cached_property

@@ -36,13 +36,17 @@ class CompiledRunner:
   buffer_slots: tuple[int, ...]   # which of the schedule item's buffers the program uses, in argument order
   variables: tuple[UOp, ...]
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
-  has_table: bool = False         # the program reads its argument words from an argument table
   costs: LRUCache[tuple, KernelCost] = field(default_factory=lambda: LRUCache(COSTS_PER_RUNNER))
   table: ArgumentTable | None = None  # the argument table launches use (not a jit capture's)
 
   @property
   def program(self) -> list[UOp]:
     return self.lowered.program
+
+  @functools.cached_property
+  def has_table(self) -> bool:
+    """The program reads its argument words from an argument table."""
+    return argument_table(self.program) is not None
 
   @functools.cached_property
   def size_variables(self) -> tuple[UOp, ...]:
@@ -119,7 +123,7 @@ def build_runner(device: str, ast: UOp, lowered: LoweredKernel, source: str | No
   kernel = compiled.program_class(compiled, kernel_symbol(ast.arg), lib)
   cores = lowered.slices(getattr(compiled, "cores", 1))
   return CompiledRunner(ast.arg, device, lowered, source, kernel, tuple(p.arg for p in params), tuple(variables),
-                        cores, argument_table(lowered.program) is not None)
+                        cores)
 
 
 def copy_buffer(dest: Buffer, src: Buffer) -> None:

@@ -16,7 +16,7 @@ import pickle
 from dataclasses import dataclass
 from typing import Callable
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import BOUND, Ops, UOp
 from rawgrad.compiler.rangeify import Schedule, ScheduleItem, create_schedule
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.helpers import LRUCache, getenv, unique_id
@@ -64,7 +64,7 @@ def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:
   parts = [(node.local_key, tuple(position[source] for source in node.src)) for node in nodes]
   if any(node.op is Ops.BIND for node in nodes):
     for node in nodes:
-      if node.op is not Ops.BIND and any(source.tag == "bound" for source in node.src): return None
+      if node.op is not Ops.BIND and any(source.tag == BOUND for source in node.src): return None
   if len(parts) <= LARGE_GRAPH: return tuple(parts)
   return hashlib.blake2b(pickle.dumps(parts), digest_size=16).digest()
 

@@ -78,6 +78,7 @@ class Optimizer:
     self._realize_step()
 
   def _realize_step(self, *inputs: Tensor) -> None:
+    # `inputs` (the gradients and buffers) are what the jit swaps on replay; the update reads them through the params
     if tensors := self.schedule_step(): Tensor.realize(*tensors)
 
   def _replay_key(self) -> tuple | None:

@@ -8,16 +8,30 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from rawgrad.compiler.gradient import set_custom_gradient
-from rawgrad.compiler.ir import UOp
+from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.dtype import DType
 from rawgrad.errors import IndexOutOfRange, ShapeError
-from rawgrad.helpers import prod
+from rawgrad.helpers import LRUCache, prod
 from rawgrad.runtime.device import check_fits
 
 
 class TensorBase:
   """The base of every tensor_ops mixin, and so of Tensor, the one class that derives from them all."""
   __slots__ = ()
+
+
+# (value, its type, dtype, device, shape) -> the constant broadcast to the shape: `x * 2` in a loop builds it once
+_scalars: LRUCache[tuple, UOp] = LRUCache(4096)
+
+
+def scalar_uop(value: bool | int | float, dtype: DType, device: str, shape: tuple[sint, ...]) -> UOp:
+  """A Python scalar as a constant of `dtype` on `device`, broadcast to `shape`."""
+  # 0.0 and -0.0 are equal keys with different values: they are not cached (nor is NaN, which equals no key)
+  key = (value, type(value), dtype, device, shape) if value != 0 or type(value) is not float else None
+  if key is not None and (uop := _scalars.get(key)) is not None: return uop
+  uop = UOp.const(dtype, value, (UOp(Ops.DEVICE, arg=device),))
+  if shape: uop = uop.reshape((1,) * len(shape)).expand(shape)
+  return uop if key is None else _scalars.put(key, uop)
 
 
 def resolve_axis(axis: int, ndim: int) -> int:

@@ -6,7 +6,6 @@ realization.
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any
 
@@ -15,7 +14,7 @@ from rawgrad.compiler.rangeify import RANDOM_DRAW
 from rawgrad.dtype import DType, dtypes, to_dtype
 from rawgrad.errors import ArgumentError
 from rawgrad.runtime.device import Device
-from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, shape_arg
+from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, scalar_uop, shape_arg
 
 DRAW_MASK = 0xFFFFFFFF
 
@@ -49,18 +48,19 @@ class RandomOps(TensorBase):
     """`words` (1 or 2) float32 tensors in [0, 1), from the words of the Threefry block of each element's counter
     (its flat index) under the key (seed, draw number)."""
     count, device = math.prod(shape), Device.canonicalize(device)
-    counter, shift32, shift8, scale = _fixed_nodes(count, device)
+    filled = lambda value, dtype: scalar_uop(value, dtype, device, (count,))  # noqa: E731
+    counter = UOp(Ops.IOTA, dtypes.int32, (UOp(Ops.DEVICE, arg=device), UOp.const(dtypes.index, count)))
     # the draw number is a kernel parameter, so every draw of a shape runs one compiled kernel (and a jit replay
     # draws new numbers by rebinding it)
     draw = UOp.variable(RANDOM_DRAW, 0, DRAW_MASK).bind(_Generator.draws, device).cast(dtypes.uint64)
     advance_draws(1)
-    on_device = (UOp(Ops.DEVICE, arg=device),)
-    key = (draw << UOp.const(dtypes.uint64, 32, on_device)) | UOp.const(dtypes.uint64, _Generator.seed, on_device)
+    key = (draw << scalar_uop(32, dtypes.uint64, device, ())) | scalar_uop(_Generator.seed, dtypes.uint64, device, ())
     # one THREEFRY node: codegen writes out its 20 rounds
-    bits = UOp(Ops.THREEFRY, dtypes.uint64, (counter, key.reshape((1,)).expand((count,))))
-    halves = (bits.cast(dtypes.uint32), (bits >> shift32).cast(dtypes.uint32))[:words]
+    bits = UOp(Ops.THREEFRY, dtypes.uint64, (counter.cast(dtypes.uint64), key.reshape((1,)).expand((count,))))
+    halves = (bits.cast(dtypes.uint32), (bits >> filled(32, dtypes.uint64)).cast(dtypes.uint32))[:words]
     # [0, 1) from the top 24 bits of a word: every value is exact in float32, and 1.0 is never produced
-    return tuple(cls(((half >> shift8).cast(dtypes.float32) * scale).reshape(shape)) for half in halves)
+    return tuple(cls(((half >> filled(8, dtypes.uint32)).cast(dtypes.float32) * filled(2.0 ** -24, dtypes.float32))
+                     .reshape(shape)) for half in halves)
 
   @classmethod
   def rand(cls, *shape: Any, dtype: DType | None = None, device: str | None = None, requires_grad: bool | None = None):
@@ -133,16 +133,6 @@ class RandomOps(TensorBase):
 
   def randn_like(self, dtype: DType | None = None, requires_grad: bool | None = None):
     return type(self).randn(*self.shape, dtype=dtype or self.dtype, device=self.device, requires_grad=requires_grad)
-
-
-@functools.lru_cache(maxsize=64)
-def _fixed_nodes(count: int, device: str) -> tuple[UOp, UOp, UOp, UOp]:
-  """The nodes of a draw of `count` numbers on `device` that no draw changes: the counters and the constants. Kept
-  between calls, since building a node costs more than the node itself: its shape and device are worked out anew."""
-  on_device = (UOp(Ops.DEVICE, arg=device),)
-  filled = lambda value, dtype: UOp.const(dtype, value, on_device).reshape((1,)).expand((count,))  # noqa: E731
-  counter = UOp(Ops.IOTA, dtypes.int32, (*on_device, UOp.const(dtypes.index, count))).cast(dtypes.uint64)
-  return counter, filled(32, dtypes.uint64), filled(8, dtypes.uint32), filled(1.0 / (1 << 24), dtypes.float32)
 
 
 def _float_dtype(dtype: Any) -> DType:
