@@ -52,6 +52,16 @@ def matmul_assembly(n: int, target: Target) -> tuple[str, list]:
   return LLVMCompiler(target).assembly(source), list(lowered.opts)
 
 
+def conv_assembly(target: Target) -> tuple[str, list]:
+  """The assembly of a 3x3 convolution 32 -> 32 channels over 20x20 images as the heuristics make it: rows of 18
+  pixels fill the vectors poorly, so its 32 output channels are the vector axis, with the weights packed."""
+  x, w = Tensor.empty(2, 32, 20, 20), Tensor.empty(32, 32, 3, 3)
+  item = create_schedule([x.conv2d(w).uop]).items[-1]
+  lowered = lower_kernel(item.ast, None, target)
+  source = LLVMRenderer().render(item.ast.arg, lowered.program)
+  return LLVMCompiler(target).assembly(source), list(lowered.opts)
+
+
 def innermost_loops(assembly: str) -> list[list[str]]:
   """The instructions of each innermost loop: from its header label (LLVM's verbose comments below a label mark it)
   to the last jump back to that label."""
@@ -107,6 +117,18 @@ def test_the_matmul_inner_loop_does_not_spill(isa: str, n: int) -> None:
   assert len(registers) == block, f"{isa}: {sorted(registers)} accumulate, {opts} plan {block}"
   columns = next(opt.amount for opt in opts if opt.op is OptOps.UNROLL and opt.axis == 1)
   assert block + columns + BROADCASTS_IN_FLIGHT <= target.vector_registers
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512", *OTHER_CPUS])
+def test_the_packed_convolution_inner_loop_does_not_spill(isa: str) -> None:
+  """Its broadcasts are neighbouring pixels, all loaded before the multiply-adds: the block leaves them registers."""
+  target = _target(isa)
+  assembly, opts = conv_assembly(target)
+  assert opts[0].op is OptOps.UPCAST and opts[0].axis == 1 and opts[-1].op is OptOps.LOCAL, opts
+  loops = multiply_add_loops(assembly)
+  for loop in loops:
+    assert not spills(loop), f"{isa} convolution with {opts} spills in an inner loop:\n" + "\n".join(loop)
+  assert len(max((accumulators(loop) for loop in loops), key=len)) == planned_block(opts)
 
 
 def test_the_check_finds_spills_when_the_block_outgrows_the_register_file() -> None:

@@ -13,6 +13,10 @@
 4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
    reused across an output loop is staged in a local buffer, a tile of it at a time, in the order it is read; the
    tile's loop becomes the outermost one so each core packs its own tiles.
+   Packing also lets a reduction vectorize an output loop the store is not contiguous along (a convolution's output
+   channels) when that fills the vectors better than the contiguous one (its narrow image rows): the loads that
+   move with the lanes are packed whole in lane order once per core, and the stores scatter their lanes, which
+   costs little beside a long reduction.
 5. Parallel: the outermost output loop runs on all cores when the kernel does enough work to pay for waking them.
    A reduction with too few outputs to share out (a full sum, a max over 3 rows) is split across the cores instead
    (GROUP): its outermost reduce loop long enough is cut into a few large chunks per core.
@@ -39,6 +43,8 @@ STAGE_SHARE = 0.5              # of the L2 cache one packed tile may use (and at
 STREAM_BYTES = 16 << 20         # outputs at least this large are not read back from the caches anyway
 GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machines up to 32 cores, so they balance;
                                 # fixed, so a reduction rounds the same way on every machine
+PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
+PACKED_BETTER_FILL = 1.2        # how much better another axis must fill the lanes to be packed for
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
@@ -55,13 +61,17 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   lanes = max(1, target.vector_bytes // itemsize)
   work = _work(ast)
   vector_axis, across_reduce = _choose_vector_axis(plan, store)
+  stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
+  packed = [] if across_reduce else _packed_vector_axis(plan, vector_axis, lanes, stage_bytes)
+  if packed: vector_axis = packed.pop(0)
   if vector_axis is not None:
     _vectorize(plan, vector_axis, across_reduce, lanes, target)
-  stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
-  staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce else None
+  staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce and not packed \
+    else None
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
   if staged is not None: plan.apply_local(staged)
+  for buffer in packed: plan.apply_local(buffer)  # inside the parallel loop: once per core
   if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
     plan.apply_stream()
   return plan.opts
@@ -89,6 +99,37 @@ def _choose_vector_axis(plan: Planner, store: Access) -> tuple[UOp | None, bool]
   return best, best in inner
 
 
+def _lane_fill(size: int | None, lanes: int) -> float:
+  """The share of the vector lanes an axis of this size keeps busy (a machine vector per `lanes` iterations)."""
+  return 0.0 if not size else size / (math.ceil(size / lanes) * lanes)
+
+
+def _packed_vector_axis(plan: Planner, chosen: UOp | None, lanes: int, stage_bytes: int) -> list:
+  """[axis, parameters to pack...]: an output loop of a long reduction whose lanes fill the vectors clearly better
+  than the chosen axis's, when every load that moves with it is contiguous along it or can be packed (it does not
+  move along some other output loop, so one packed copy serves them all, and all of it fits stage_bytes); [] when
+  there is none."""
+  reduced = math.prod(constant(size_of(r)) or 0 for r in plan.reduce_loops) if plan.reduce_loops else 0
+  if reduced < PACKED_MIN_REDUCE: return []
+  chosen_fill = _lane_fill(constant(size_of(chosen)), lanes) if chosen is not None else 0.0
+  loads = [a for a in accesses(plan.ast) if not a.is_store]
+  best: list = []
+  best_fill = chosen_fill * PACKED_BETTER_FILL
+  for r in plan.output_loops:
+    if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) <= best_fill: continue
+    packs = []
+    for access in loads:
+      if (jump := stride(access.index, r)) in (0, 1): continue
+      others = [o for o in plan.output_loops if o is not r and constant(size_of(o)) not in (None, 1)]
+      if jump is None or not any(stride(access.index, o) == 0 for o in others): break
+      read = [constant(size_of(loop)) for loop in plan.loops if stride(access.index, loop) != 0]
+      if None in read or access.itemsize * math.prod(read) > stage_bytes: break
+      packs.append(access.buffer)
+    else:
+      if packs: best, best_fill = [r, *sorted(set(packs))], fill
+  return best
+
+
 def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target: Target) -> None:
   """Upcast the axis, then give the reduction its accumulators (several vectors, or register blocks)."""
   amount = vector_amount(constant(size_of(axis)), lanes)
@@ -105,18 +146,22 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
   if plan.reduce_loops: _block_registers(plan, remaining, vectors, target)
 
 
-def register_block(target: Target, vectors: int, rows_available: int | None, widen: int) -> tuple[int, int]:
+def register_block(target: Target, vectors: int, rows_available: int | None, widen: int,
+                   one_run: bool = False) -> tuple[int, int]:
   """The shape of a register block, (rows, copies): `rows` rows (at most rows_available) of `vectors*copies` vector
   accumulators each, copies 1 or `widen` (copies of the vector axis; 0: none possible). Live at once: the
   accumulators, one row's loaded vectors and the broadcasts in flight, within the vector registers; the rows are
-  streams through memory that may all map to one L1 set, so at most its ways. Among the shapes that fit, the one with
-  enough independent accumulators to keep the FMA units busy that loads the least per multiply-add."""
+  streams through memory that may all map to one L1 set, so at most its ways. When the rows' broadcasts are one run
+  of memory instead (`one_run`: a convolution's neighbouring pixels), no set limits them, but LLVM loads them all
+  before the multiply-adds, so every row's broadcast is live too. Among the shapes that fit, the one with enough
+  independent accumulators to keep the FMA units busy that loads the least per multiply-add."""
   chains = target.fma_units * target.fma_latency
   shapes = []
   for copies in (1, widen) if widen >= 2 else (1,):
     columns = vectors * copies
-    rows = min((target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns, target.l1_ways,
-               rows_available or target.l1_ways)
+    if one_run: rows = min((target.vector_registers - columns) // (columns + 1), rows_available or 1 << 30)
+    else: rows = min((target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns, target.l1_ways,
+                     rows_available or target.l1_ways)
     if rows >= 1: shapes.append((min(rows * columns, chains), -(rows + columns) / (rows * columns), rows, copies))
   if not shapes: return 1, 1
   _, _, rows, copies = max(shapes)
@@ -138,10 +183,13 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     free = (target.vector_registers - BROADCASTS_IN_FLIGHT) // vectors
     plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(LONG_RUN, free)))
     return
-  broadcasts = any(not plan.uses_lanes(a.index) for a in loads)
+  broadcasts = [a for a in loads if not plan.uses_lanes(a.index)]
   widen = unroll_amount(constant(size_of(vector_outer)), 2) if vector_outer is not None and broadcasts else 0
   rows_available = constant(size_of(reuse[-1])) if reuse else 1
-  amount, copies = register_block(target, vectors, rows_available, widen)
+  one_run = bool(reuse and broadcasts) and all(stride(a.index, reuse[-1]) in (0, 1) for a in broadcasts)
+  amount, copies = register_block(target, vectors, rows_available, widen, one_run)
+  if one_run and rows_available and amount >= 1:  # as many blocks as needed, all of one size (none peeled short)
+    amount = -(-rows_available // -(-rows_available // amount))
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
   loops_before = len(plan.loops)
   # a row count the size does not divide costs one shorter block at the end (codegen peels it off)

@@ -90,3 +90,40 @@ def test_the_chosen_opts_compute_the_right_values(name: str, build: Callable[[Te
   for cores in (1, 4):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(tensor.shape), expected(a, b), rtol=1e-4,
                                atol=1e-4)
+
+
+WIDE = replace(AVX2, vector_bytes=64, vector_registers=32)  # AVX-512: 16 float lanes
+
+
+def _conv(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
+  x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
+  windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))  # n, cin, oh, ow, kh, kw
+  return np.einsum("nchwij,ocij->nohw", windows, w)
+
+
+@pytest.mark.parametrize("size, padding", [(8, 0), (7, 1)])
+def test_a_convolution_over_narrow_images_vectorizes_its_output_channels(size: int, padding: int) -> None:
+  """Rows 6 or 7 wide would fill 16 lanes less than half; the 32 output channels fill two vectors. The weights move
+  with the lanes 72 floats apart, so they are packed once per core, and the stores scatter their lanes."""
+  x = rng.standard_normal((3, 8, size, size)).astype(np.float32)
+  w = rng.standard_normal((32, 8, 3, 3)).astype(np.float32)
+  item = last_kernel(Tensor(x).conv2d(Tensor(w), padding=padding))
+  opts = hand_coded_opts(item.ast, WIDE)
+  weights = next(node.arg for node in item.ast.toposort
+                 if node.op.name == "DEFINE_GLOBAL" and node.dtype.size == w.size)
+  assert opts[0] == Opt(OptOps.UPCAST, 1, 16) and opts[-1] == Opt(OptOps.LOCAL, 0, weights), opts
+  # the vector axis is copied once more and the rows of pixels fill the registers in equal blocks
+  assert Opt(OptOps.UNROLL, 1, 2) in opts and Opt(OptOps.UNROLL, 3, size + 2 * padding - 2) in opts, opts
+  for cores in (1, 4):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(3, 32, -1), _conv(x, w, padding).reshape(3, 32, -1),
+                               rtol=1e-4, atol=1e-4)
+  # with AVX2's 8 lanes, rows of 8 fill the vectors: no packing
+  rows_of_8 = create_schedule([Tensor.empty(3, 8, 10, 10).conv2d(Tensor.empty(32, 8, 3, 3)).uop]).items[-1]
+  assert OptOps.LOCAL not in _ops(hand_coded_opts(rows_of_8.ast, AVX2))
+
+
+def test_a_short_reduction_keeps_the_contiguous_vector_axis() -> None:
+  """With 9 multiply-adds per output, scattering the stored lanes would cost more than the lanes save."""
+  item = create_schedule([Tensor.empty(3, 1, 8, 8).conv2d(Tensor.empty(32, 1, 3, 3)).uop]).items[-1]
+  opts = hand_coded_opts(item.ast, WIDE)
+  assert opts[0] == Opt(OptOps.UPCAST, 3, 8) and OptOps.LOCAL not in _ops(opts), opts
