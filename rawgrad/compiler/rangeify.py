@@ -14,6 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from rawgrad.compiler.codegen.opt.kernel import stride as stride_along
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
@@ -401,7 +402,7 @@ class KernelBuilder:
       store_index = UOp(Ops.INDEX, output.dtype.ptr(output.arg),
                         (self.params[output], self.store_index(root, idx), *gate))
       stores.append(UOp(Ops.STORE, dtypes.void, (store_index, value.cast(output.dtype))))
-    sink = simplify(self.unbind(UOp.sink(*stores)))
+    sink = merge_loops(simplify(self.unbind(UOp.sink(*stores))))
     name = kernel_name(self.dims, sink)
     if len(self.roots) > 1: name = f"{name}_{len(self.roots)}outputs"
     return UOp(Ops.SINK, dtypes.void, parameterize(sink, self.var_values).src, name)
@@ -512,6 +513,48 @@ def _parameter(const: UOp, var_values: dict[UOp, int | float], count: Iterator[i
     variable = UOp.variable(name, -2**63, 2**63 - 1, dtypes.index)
   var_values[variable] = const.arg
   return variable.cast(const.dtype)
+
+
+def merge_loops(sink: UOp) -> UOp:
+  """Two nested loops of one REDUCE that every access walks as one loop, the
+  outer moving exactly the inner's length times as far (the rows and columns of a contiguous image), become one:
+  its vectors and register blocks then see the whole run (a 20x20 image is 400 contiguous floats, not 20 rows of
+  20 that fill 32 lanes). Loops a gate or a computed value reads stay as they are."""
+  while (pair := next((pair for pair in _nested_pairs(sink) if _walked_as_one(sink, *pair)), None)) is not None:
+    outer, inner = pair
+    size = inner.src[0].arg
+    merged = UOp.range(outer.src[0].arg * size, outer.arg[0], outer.arg[1])
+    new: dict[UOp, UOp] = {outer: merged // size, inner: merged % size}
+    for node in sink.toposort:
+      if node in new: continue
+      sources = tuple(new.get(source, source) for source in node.src)
+      if node.op is Ops.REDUCE and outer in node.src[1:]:
+        sources = (sources[0], *(merged if r is outer else r for r in node.src[1:] if r is not inner))
+      new[node] = node if sources == node.src else node.replace(src=sources)
+    sink = simplify(new[sink])
+  return sink
+
+
+def _nested_pairs(sink: UOp) -> Iterator[tuple[UOp, UOp]]:
+  """(outer, inner) of constant sizes, consecutive loops of a REDUCE."""
+  for group in (sorted(node.src[1:], key=lambda r: r.arg[0]) for node in sink.toposort if node.op is Ops.REDUCE):
+    for outer, inner in zip(group, group[1:]):
+      if outer.src[0].op is Ops.CONST and inner.src[0].op is Ops.CONST and inner.src[0].arg > 1:
+        yield outer, inner
+
+
+def _walked_as_one(sink: UOp, outer: UOp, inner: UOp) -> bool:
+  """Every use of the two loops is in an address that moves inner's size times as far along outer as along inner,
+  and every REDUCE over one of them loops over both, one right inside the other."""
+  for node in sink.toposort:
+    if node.op is Ops.REDUCE and (outer in node.src[1:]) != (inner in node.src[1:]): return False
+    if node.op is Ops.INDEX:
+      if any(r in gate.toposort for gate in node.src[2:] for r in (outer, inner)): return False
+      along_outer, along_inner = stride_along(node.src[1], outer), stride_along(node.src[1], inner)
+      if along_outer is None or along_inner is None or along_outer != along_inner * inner.src[0].arg: return False
+    elif node.op not in (Ops.ADD, Ops.MUL, Ops.REDUCE, Ops.SINK) and any(r in node.src for r in (outer, inner)):
+      return False
+  return True
 
 
 def kernel_name(shape: tuple, kernel: UOp) -> str:

@@ -388,3 +388,29 @@ def test_many_buffers_stay_one_kernel() -> None:
   tensors = [Tensor(rand(8, seed=i)) * (i + 3) for i in range(300)]
   items = create_schedule([t.uop for t in tensors]).items
   assert [item.outputs for item in items] == [300] and len(items[0].buffers) == 600
+
+
+def _reduce_sizes(tensor: Tensor) -> list[list[int]]:
+  ast = schedule_of(tensor).items[-1].ast
+  return [[r.src[0].arg for r in node.src[1:]] for node in ast.toposort if node.op is Ops.REDUCE]
+
+
+def test_a_reduction_over_contiguous_rows_loops_over_them_as_one() -> None:
+  """A batch norm's statistics sum (batch, height, width) of NCHW: height and width are one run of 30 floats."""
+  x = rand(4, 3, 5, 6)
+  total = Tensor(x).sum((0, 2, 3))
+  assert _reduce_sizes(total) == [[4, 30]]
+  np.testing.assert_allclose(total.numpy(), x.sum((0, 2, 3)), rtol=1e-5, atol=1e-5)
+  # a pooling window's rows do not continue one another, nor do a transposed tensor's
+  assert _reduce_sizes(Tensor(x).max_pool2d(2)) == [[2, 2]]
+  assert _reduce_sizes(Tensor(x).permute(0, 1, 3, 2).sum((2, 3))) == [[6, 5]]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=2, max_size=4), data=st.data())
+def test_merged_reduce_loops_sum_what_numpy_sums(shape: list[int], data: st.DataObject) -> None:
+  axes = tuple(sorted(data.draw(st.sets(st.integers(0, len(shape) - 1), min_size=1))))
+  order = data.draw(st.permutations(range(len(shape))))
+  x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) % 7
+  got = Tensor(x).permute(*order).sum(axes).numpy()
+  np.testing.assert_array_equal(got, x.transpose(order).sum(axes))

@@ -199,6 +199,20 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     if len(plan.loops) < loops_before and vector_position is not None and rows_position < vector_position:
       vector_position -= 1
   if vector_position is not None and copies >= 2: plan.apply(OptOps.UNROLL, plan.loops[vector_position], copies)
+  if one_run and amount == rows_available and len(reuse) >= 2:
+    # the whole row fits with registers to spare (a 5x5 kernel's width): rows from the next loop out fill them
+    columns = vectors * max(copies, 1)
+    _unroll_spare_rows(plan, reuse[:-1], ((target.vector_registers - columns) // (columns + 1)) // amount)
+
+
+def _unroll_spare_rows(plan: Planner, loops: list[UOp], spare: int) -> None:
+  """Unroll the innermost of the loops that some copy count from 2 to `spare` divides, by the largest such count."""
+  for loop in reversed(loops):
+    size = constant(size_of(loop))
+    amount = next((n for n in range(spare, 1, -1) if size and size % n == 0), 0)
+    if amount:
+      plan.apply(OptOps.UNROLL, loop, amount)
+      return
 
 
 def _jumps(plan: Planner, loads: list[Access]) -> bool:
