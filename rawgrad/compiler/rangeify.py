@@ -357,6 +357,7 @@ class KernelBuilder:
     self.binds: dict[UOp, UOp] = {}
     self.axes = itertools.count()
     self.cache: dict[tuple, UOp] = {}
+    self.reduce_loops: dict[tuple, tuple[UOp, ...]] = {}  # (sizes, output index, valid) -> the loops reduced there
     self.operations: dict[str, None] = {}
     self.computed_at: dict[UOp, Index] = {}  # root -> the index this kernel computes it at
 
@@ -460,6 +461,12 @@ class KernelBuilder:
       source_idx = tuple(ranges.get(axis, i) for axis, i in enumerate(idx))
       body = self.lower(node.src[0], source_idx, valid)
       loop_ranges = tuple(r for r in ranges.values() if r.op is Ops.RANGE)
+      # a sibling reduction over the same loops at the same place shares them: one pass over memory computes both
+      # (a mean and a mean of squares); not one this body reads, which must be complete before it starts
+      key = (tuple(r.src[0] for r in loop_ranges), idx, valid)
+      shared = self.reduce_loops.setdefault(key, loop_ranges)
+      if shared is not loop_ranges and not any(r in body.toposort for r in shared):
+        body, loop_ranges = substitute(body, dict(zip(loop_ranges, shared))), shared
       return UOp(Ops.REDUCE, node.dtype, (body, *loop_ranges), reduce_op)
     if op in (Ops.CONTIGUOUS, Ops.REALIZE): return self.lower(node.src[0], idx, valid)
     if op is Ops.ASSIGN: return self.lower(node.src[1], idx, valid)
