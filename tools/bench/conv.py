@@ -3,6 +3,7 @@ at 10x10, conv3 64->64 at 8x8), forward and backward (the input and weight gradi
 (windows and tensordot, which calls BLAS) and torch."""
 from __future__ import annotations
 
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 

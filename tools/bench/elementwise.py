@@ -2,6 +2,7 @@
 floats, in GB/s of the bytes each must read and write, against numpy and torch."""
 from __future__ import annotations
 
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import numpy as np
 
 from _timing import best_times, guarded, kernels_of, report, torch

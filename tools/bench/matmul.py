@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import sys
 
 import numpy as np

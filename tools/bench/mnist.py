@@ -1,5 +1,6 @@
 """MNIST CNN train step (batch 128, Adam) with jit, against torch eager measured in the same run; kernels per step,
 peak buffer memory, and the time to the first finished step with a cold compile cache (in a fresh process)."""
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import os
 import subprocess
 import sys

@@ -4,6 +4,7 @@ the figure runs in seconds on a small machine). Gradients are fixed tensors: the
 """
 from __future__ import annotations
 
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import functools
 import sys
 import time

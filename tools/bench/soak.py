@@ -3,6 +3,7 @@ eagerly for SOAK_EAGER steps (2,000) and jitted for SOAK_JIT steps (10,000). For
 warm-up (goal 0), resident memory at 10%, 50% and 100% of the run (goal: flat within 5%), and the step time over
 the first and the last tenth of the run after the warm-up (goal: equal within noise). Batch 16, 8 channels: the run
 measures what happens around the kernels, not the kernels."""
+import _isa  # noqa: F401 - first: with CPU_ISA=avx2 the references run AVX2 code too
 import math
 import os
 import sys
