@@ -162,7 +162,10 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   """The convolution of a batched, channels-first input with weight (out, in/groups, *kernel)."""
   dims = weight.ndim - 2
   kernel = tuple(weight.shape[2:])
-  x = _buffered(_pad_spatial(x, padding))
+  # the rows' padding stays a view: codegen runs each window's row loop only over the rows inside the input
+  # (bound_gated_loops); the columns' is written into the buffer, so a row of pixels reads without checks
+  rows, columns = list(padding[:-1]) + [(0, 0)], [(0, 0)] * (dims - 1) + list(padding[-1:])
+  x = _pad_spatial(_buffered(_pad_spatial(x, columns)), rows)
   spatial = x.shape[2:]
   out = tuple(_output_size(i, k, s, d) for i, k, s, d in zip(spatial, kernel, stride, dilation))
   if any(o < 1 for o in out):

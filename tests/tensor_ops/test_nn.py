@@ -497,15 +497,24 @@ def test_conv1d_gradient(function):
 
 
 def test_conv_input_gradient_is_a_transposed_convolution():
-  """The input's gradient is computed from a padded copy of the output gradient: its kernel has no bounds checks
-  (the autograd rules' form checks every load; tests/compiler/codegen/test_gates.py keeps that form covered)."""
+  """The input's gradient is computed from a copy of the output gradient padded along its rows; the padding above
+  and below stays a view, and codegen runs each window's row loop only over the rows that exist (bounds.py): the
+  kernel's program checks no bounds (the autograd rules' form checks every load; tests/compiler/codegen/test_gates.py
+  keeps that form covered)."""
+  from rawgrad.compiler.codegen.lower import lower_kernel
   from rawgrad.compiler.ir import Ops
   from rawgrad.compiler.rangeify import create_schedule
-  x, w = Tensor(data(2, 3, 9, 9, dtype="float32")), Tensor(data(4, 3, 3, 3, dtype="float32"))
-  grad_x, = x.conv2d(w).gradient(x, gradient=Tensor(data(2, 4, 7, 7, dtype="float32")))
+  xs, ws, gs = data(2, 3, 9, 9, dtype="float32"), data(4, 3, 3, 3, dtype="float32"), data(2, 4, 7, 7, dtype="float32")
+  x, w = Tensor(xs), Tensor(ws)
+  grad_x, = x.conv2d(w).gradient(x, gradient=Tensor(gs))
   kernel = create_schedule([grad_x.uop]).items[-1].ast
-  reductions = [node for node in kernel.toposort if node.op is Ops.REDUCE]
-  assert reductions and not any(node.op is Ops.INDEX and len(node.src) == 3 for node in reductions[0].toposort)
+  program = lower_kernel(kernel, []).program  # no opts: no vector lanes past the rows' end to mask
+  assert not any(node.op is Ops.INDEX and len(node.src) == 3 for node in program)
+  assert any(node.op is Ops.RANGE and node.src[0].op is not Ops.CONST for node in program)  # rows: their own length
+  padded = np.pad(gs, ((0, 0), (0, 0), (2, 2), (2, 2)))
+  windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+  expected = np.einsum("nohwij,ocij->nchw", windows, ws[:, :, ::-1, ::-1])
+  np.testing.assert_allclose(grad_x.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_conv_weight_gradient_vectorizes_along_output_channels():

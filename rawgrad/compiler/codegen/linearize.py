@@ -269,6 +269,9 @@ def _barriers(stores: list[UOp]) -> list[UOp]:
                             if node.op is Ops.BARRIER and not is_staging(node)))
 
 
+MEAN_LENGTH_POINTS = 4096  # outer loop values a variable loop length is averaged over (beyond: its largest)
+
+
 @dataclass(frozen=True)
 class KernelCost:
   flops: int
@@ -287,12 +290,19 @@ def estimate_cost(program: list[UOp], var_values: dict[UOp, int] | None = None) 
       flops += multipliers[-1] * instruction.dtype.count * (2 if instruction.op is Ops.MULACC else 1)
     elif instruction.op is Ops.DEFINE_GLOBAL and instruction.arg != ARGUMENT_TABLE:
       touched[instruction.arg] = instruction.dtype.size * instruction.dtype.base.itemsize
-  return KernelCost(flops, sum(touched.values()))
+  return KernelCost(round(flops), sum(touched.values()))
 
 
 def _is_index_math(instruction: UOp) -> bool:
   return instruction.op in GroupOp.Comparison and any(s.dtype.scalar == dtypes.index for s in instruction.src)
 
 
-def _evaluate_size(node: UOp, var_values: dict[UOp, int]) -> int:
-  return int(evaluate(node, var_values))
+def _evaluate_size(node: UOp, var_values: dict[UOp, int]) -> float:
+  """A loop's length; for a loop whose length depends on the loops outside it (bounds.py), its mean over them."""
+  ranges = [n for n in node.toposort if n.op in (Ops.RANGE, Ops.SPECIAL)]  # loops, or a GPU's thread indices
+  if not ranges: return int(evaluate(node, var_values))
+  sizes = [int(evaluate(r.src[0], var_values)) for r in ranges]
+  if math.prod(sizes) > MEAN_LENGTH_POINTS: return int(node.vmax)
+  lengths = [evaluate(node, {**var_values, **dict(zip(ranges, point))})
+             for point in itertools.product(*(range(size) for size in sizes))]
+  return sum(lengths) / max(1, len(lengths))

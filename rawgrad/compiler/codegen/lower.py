@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from rawgrad.compiler.codegen.bounds import bound_gated_loops
 from rawgrad.compiler.codegen.expand import expand
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
 from rawgrad.compiler.codegen.gpu import launch_dims, map_to_gpu
@@ -64,6 +65,12 @@ def _peel(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
   return ast if target.is_gpu else peel_remainders(ast)
 
 
+def _bound_gated_loops(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
+  """CPU targets: no sum loops over iterations where a gate zeroes every term (see bounds.py). A GPU's threads keep
+  their gates: a loop bound that differs between the threads of a block would diverge them."""
+  return ast if target.is_gpu else bound_gated_loops(ast)
+
+
 def _expand_math(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
   """No THREEFRY, and no EXP2, LOG2 or SIN the target does not compute itself (see mathrules.py)."""
   return expand_math(ast, target)
@@ -86,6 +93,7 @@ PASSES: list[tuple[str, Pass, frozenset[str]]] = [
   ("apply_opts", _apply_opts, frozenset()),
   ("map_to_gpu", _map_to_gpu, frozenset({THREAD})),
   ("peel_remainders", _peel, frozenset()),
+  ("bound_gated_loops", _bound_gated_loops, frozenset()),
   ("expand_math", _expand_math, frozenset()),
   ("expand", _expand, frozenset({UPCAST, UNROLL})),
 ]

@@ -15,7 +15,7 @@ from tests.compiler.codegen.kernels import last_kernel, run_item
 
 def test_the_pipeline_is_one_list_in_order() -> None:
   assert [name for name, _, _ in PASSES] == ["simplify_gated_indices", "apply_opts", "map_to_gpu", "peel_remainders",
-                                             "expand_math", "expand"]
+                                             "bound_gated_loops", "expand_math", "expand"]
   assert dict((name, gone) for name, _, gone in PASSES)["expand"] == {"upcast", "unroll"}
 
 
