@@ -12,6 +12,7 @@ Nothing else the scheduler reads may differ between graphs of one key: its decis
 from __future__ import annotations
 
 import hashlib
+import operator
 import pickle
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +24,7 @@ from rawgrad.helpers import LRUCache, getenv, unique_id
 
 SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
 LARGE_GRAPH = 256  # nodes: a larger graph is keyed by a digest of its structure
+_op_of = operator.attrgetter("op")
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,12 @@ def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:
   """The graph with its holes left out (UOp.local_key), as a tuple (a digest of it for a large graph, whose tuple
   would cost more memory than its schedule); None where a bound value's node is also used as a value elsewhere (its
   value would be both a hole and part of the shape)."""
-  position = {node: i for i, node in enumerate(nodes)}
-  parts = [(node.local_key, tuple(position[source] for source in node.src)) for node in nodes]
-  if any(node.op is Ops.BIND for node in nodes):
+  position = {node: i for i, node in enumerate(nodes)}.__getitem__
+  parts = tuple([(node.local_key, tuple(map(position, node.src))) for node in nodes])
+  if Ops.BIND in map(_op_of, nodes):
     for node in nodes:
       if node.op is not Ops.BIND and any(source.tag == BOUND for source in node.src): return None
-  if len(parts) <= LARGE_GRAPH: return tuple(parts)
+  if len(parts) <= LARGE_GRAPH: return parts
   return hashlib.blake2b(pickle.dumps(parts), digest_size=16).digest()
 
 
@@ -101,7 +103,8 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
   """The template's schedule for this graph: its buffers, fresh buffers for the created ones, its bound values."""
   buffers = {placeholder: nodes[i] for i, placeholder in template.inputs}
   for placeholder in template.fresh:
-    buffers[placeholder] = placeholder.replace(src=(UOp(Ops.UNIQUE, arg=unique_id()), *placeholder.src[1:]))
+    buffers[placeholder] = UOp(Ops.BUFFER, placeholder.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), placeholder.src[1]),
+                               placeholder.arg)
   items = []
   for item, bound_at in zip(template.items, template.bound_at):
     var_values = item.var_values
