@@ -41,17 +41,15 @@ stats = {"hits": 0, "misses": 0}
 
 
 def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
-  """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before."""
+  """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before (then
+  no kernel is built, and on_kernel is not called)."""
   if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
   nodes = list(UOp.sink(*outputs).toposort)
   key = _structure_key(nodes)
   if key is None: return create_schedule(outputs, on_kernel)
   if (template := _templates.get(key)) is not None:
     stats["hits"] += 1
-    schedule = _fill(template, nodes)
-    if on_kernel is not None:
-      for item in schedule.items: on_kernel(item)
-    return schedule
+    return _fill(template, nodes)
   stats["misses"] += 1
   schedule = create_schedule(outputs, on_kernel)
   if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
@@ -114,5 +112,5 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
       var_values = tuple(values.items())
     items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), var_values, item.dims,
                               item.operations, tuple((variable, nodes[i]) for variable, i in bound_at), item.outputs))
-  becomes = {nodes[i]: substitute(view, buffers) for i, view in template.becomes}
+  becomes = {nodes[i]: buffers.get(view) or substitute(view, buffers) for i, view in template.becomes}
   return Schedule(items, becomes)
