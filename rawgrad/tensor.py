@@ -686,8 +686,8 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
-    if any(leaf in parameters or autograd_origin(leaf) is not None for leaf in node.toposort):
-      remember_origin(view, node)
+    order = node.toposort
+    if not parameters.isdisjoint(order) or any(map(autograd_origin, order)): remember_origin(view, node)
 
 
 # *** helpers ***
