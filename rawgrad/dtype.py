@@ -11,7 +11,10 @@ import numpy as np
 from rawgrad.errors import DTypeError
 
 
-@dataclass(frozen=True, eq=True)
+_dtypes: dict[tuple, DType] = {}
+
+
+@dataclass(frozen=True, eq=False)
 class DType:
   """A scalar type, or a vector of `count` scalars when count > 1."""
   name: str
@@ -20,22 +23,15 @@ class DType:
   fmt: str | None    # struct format character of one scalar, None where struct has none (bfloat16)
   count: int = 1
 
-  # dtypes are compared and hashed on every node built: the fields' tuple and its hash are made once, and equal is
-  # usually identical
-  def __post_init__(self) -> None:
-    object.__setattr__(self, "_key", (self.name, self.itemsize, self.kind, self.fmt, self.count))
-    object.__setattr__(self, "_hash", hash(self._key))
-
-  def __hash__(self) -> int:
-    return self._hash
+  # dtypes are compared and hashed on every node built: there is one object per distinct dtype, so equality is
+  # identity and hashing is object's, both without a Python call
+  def __new__(cls, name: str, itemsize: int, kind: str, fmt: str | None, count: int = 1) -> DType:
+    key = (name, itemsize, kind, fmt, count)
+    if (known := _dtypes.get(key)) is None: known = _dtypes[key] = super().__new__(cls)
+    return known
 
   def __reduce__(self) -> tuple:
-    return DType, self._key  # rebuilt, not copied: str hashes differ between processes
-
-  def __eq__(self, other: object) -> bool:
-    if self is other: return True
-    if type(other) is not DType: return NotImplemented
-    return self._hash == other._hash and self._key == other._key
+    return DType, (self.name, self.itemsize, self.kind, self.fmt, self.count)  # the one object of that dtype
 
   @property
   def scalar(self) -> DType:

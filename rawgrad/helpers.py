@@ -5,6 +5,7 @@ import contextlib
 import functools
 import itertools
 import os
+import weakref
 from collections import OrderedDict
 from typing import Any, Generic, Hashable, Iterable, Iterator, TypeVar
 
@@ -121,6 +122,29 @@ class LRUCache(Generic[K, V]):
     self.entries.move_to_end(key)
     if len(self.entries) > self.limit: self.entries.popitem(last=False)
     return value
+
+
+class WeakIdentitySet(Generic[T]):
+  """A set of live objects, by identity, that does not keep them alive. (weakref.WeakSet compares members with ==,
+  which a Tensor overloads to build a graph.)"""
+
+  def __init__(self) -> None:
+    self.refs: dict[int, weakref.ref] = {}
+
+  def _forget(self, key: int, ref: weakref.ref) -> None:
+    if self.refs.get(key) is ref: del self.refs[key]  # the id may name a newer object by now
+
+  def add(self, item: T) -> None:
+    if (key := id(item)) not in self.refs: self.refs[key] = weakref.ref(item, functools.partial(self._forget, key))
+
+  def discard(self, item: T) -> None:
+    self.refs.pop(id(item), None)
+
+  def __iter__(self) -> Iterator[T]:
+    return (item for ref in list(self.refs.values()) if (item := ref()) is not None)
+
+  def __len__(self) -> int:
+    return len(self.refs)
 
 
 class GlobalCounters:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -17,7 +16,7 @@ from rawgrad.engine.jit import refuse_host_read
 from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
 from rawgrad.errors import ArgumentError, DTypeError, ShapeError
-from rawgrad.helpers import PROFILE, all_same, prod, unique_id
+from rawgrad.helpers import PROFILE, WeakIdentitySet, all_same, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
@@ -28,7 +27,16 @@ from rawgrad.tensor_ops.random import RandomOps
 from rawgrad.tensor_ops.reduce import ReduceOps
 from rawgrad.tensor_ops.shape import ShapeOps
 
-all_tensors: weakref.WeakSet[Tensor] = weakref.WeakSet()
+# Every live tensor is in one of two sets: a realize looks only at the lazy ones (the others hold no node it can
+# replace), so its cost does not grow with the number of realized tensors (parameters, kept results). A tensor moves
+# between them where its graph changes: creation, assign, realize.
+lazy_tensors: WeakIdentitySet[Tensor] = WeakIdentitySet()      # graphs that may hold nodes a realize computes
+realized_tensors: WeakIdentitySet[Tensor] = WeakIdentitySet()  # plain views of a buffer
+grad_tensors: WeakIdentitySet[Tensor] = WeakIdentitySet()      # requires_grad is True
+
+
+def live_tensors() -> list[Tensor]:
+  return [*lazy_tensors, *realized_tensors]
 
 
 def _device_node(device: str) -> UOp:
@@ -86,9 +94,10 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
       uop = UOp(Ops.DETACH, uop.dtype, (uop,))
     self.uop: UOp = uop
     if PROFILE: record_origin(uop)
-    self.requires_grad = requires_grad
+    self._requires_grad: bool | None = None
+    if requires_grad is not None: self.requires_grad = requires_grad
     self.grad: Tensor | None = None
-    all_tensors.add(self)
+    (lazy_tensors if buffer_base(uop) is None else realized_tensors).add(self)
 
   # *** properties ***
 
@@ -101,6 +110,8 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def requires_grad(self, value: bool | None) -> None:
     if value and not dtypes.is_float(self.dtype):
       raise DTypeError(f"only float tensors can require gradients, got a {self.dtype!r} tensor of shape {self.shape}")
+    if value: grad_tensors.add(self)
+    elif self._requires_grad: grad_tensors.discard(self)
     self._requires_grad = value
 
   @property
@@ -221,7 +232,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
       raise RuntimeError(f"cannot assign a tensor on {value.device} into one on {self.device}")
     value = value.cast(self.dtype)._broadcast_to(self.shape) if value.shape != self.shape else value.cast(self.dtype)
     if not _is_buffer_view(self.uop): self.realize()
-    self.uop = UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop))
+    _set_graph(self, UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop)))
     return self
 
   def to(self, device: str) -> Tensor:
@@ -294,7 +305,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
   def backward(self, gradient: Tensor | None = None) -> Tensor:
     """Accumulate d(self)/d(t) into t.grad for every tensor t with requires_grad that self depends on."""
     in_graph = expand_realized(self.uop)[0].toposort
-    targets = [t for t in list(all_tensors) if t.requires_grad and t.uop in in_graph]
+    targets = [t for t in list(grad_tensors) if t.uop in in_graph]
     if not targets: raise RuntimeError("backward: no tensor with requires_grad=True contributes to this one")
     for target, grad in zip(targets, self.gradient(*targets, gradient=gradient)):
       # accumulate in place, so a jit replay that runs this step again adds to the same buffer
@@ -625,35 +636,48 @@ def realize_tensors(tensors: list[Tensor]) -> None:
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
     schedule = cached_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
-    becomes_map = schedule.becomes_map
-    live = list(all_tensors)
-    # A tensor that is a plain buffer (realized before) holds no node of the map. A tensor whose graph was walked
-    # before (its toposort is cached) is looked up on its own, which costs a lookup per node; the others are walked
-    # together in one substitute, since they share most nodes. Buffers this schedule creates are kept when a live
-    # tensor's new graph holds them.
-    kept: set[UOp] = set()
-    fresh = []
-    for tensor in live:
-      if (view := becomes_map.get(tensor.uop)) is not None:  # a tensor realized here: its graph is its buffer
-        tensor.uop = view
-        kept.update(node for node in view.toposort if node.op is Ops.BUFFER)
-        continue
-      if buffer_base(tensor.uop) is not None: continue
-      if (order := tensor.uop.__dict__.get("toposort")) is None:
-        fresh.append(tensor)
-        continue
-      if any(node in order for node in becomes_map) if len(becomes_map) < len(order) else \
-         any(node in becomes_map for node in order):
-        tensor.uop = substitute(tensor.uop, becomes_map)
-        kept.update(node for node in tensor.uop.toposort if node.op is Ops.BUFFER)
-    if fresh:
-      graph = substitute(UOp.sink(*(tensor.uop for tensor in fresh)), becomes_map)
-      for tensor, uop in zip(fresh, graph.src): tensor.uop = uop
-      kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
-    _remember_for_autograd(becomes_map, kept, {t.uop for t in live if t.requires_grad})
+    kept = _apply_becomes_map(schedule.becomes_map)
+    _remember_for_autograd(schedule.becomes_map, kept, {t.uop for t in list(grad_tensors)})
     plan_temporaries(schedule.items, kept)
     run_schedule(schedule.items, compiler)
   mark_computed(checks)
+
+
+def _apply_becomes_map(becomes_map: dict[UOp, UOp]) -> set[UOp]:
+  """Point every lazy tensor at the buffers that now hold its nodes; returns the buffers the tensors keep (the
+  others a schedule creates are temporaries). A tensor realized here becomes its buffer's view. A tensor whose graph
+  was walked before (its toposort is cached) is looked up on its own, which costs a lookup per node; the others are
+  walked together in one substitute, since they share most nodes."""
+  kept: set[UOp] = set()
+  unwalked = []
+  for tensor in list(lazy_tensors):
+    if (view := becomes_map.get(tensor.uop)) is not None: _set_graph(tensor, view)
+    elif (order := tensor.uop.__dict__.get("toposort")) is None:
+      unwalked.append(tensor)
+      continue
+    elif any(node in order for node in becomes_map) if len(becomes_map) < len(order) else \
+         any(node in becomes_map for node in order):
+      _set_graph(tensor, substitute(tensor.uop, becomes_map))
+    else: continue
+    kept.update(_buffers_in(tensor.uop))
+  if unwalked:
+    graph = substitute(UOp.sink(*(tensor.uop for tensor in unwalked)), becomes_map)
+    for tensor, uop in zip(unwalked, graph.src): _set_graph(tensor, uop)
+    kept.update(node for node in graph.toposort if node.op is Ops.BUFFER)
+  return kept
+
+
+def _set_graph(tensor: Tensor, uop: UOp) -> None:
+  """Give the tensor a new graph, filed with the lazy or the realized tensors."""
+  tensor.uop = uop
+  is_lazy = buffer_base(uop) is None
+  (realized_tensors if is_lazy else lazy_tensors).discard(tensor)
+  (lazy_tensors if is_lazy else realized_tensors).add(tensor)
+
+
+def _buffers_in(graph: UOp) -> list[UOp]:
+  if (base := buffer_base(graph)) is not None: return [base]  # not walked: its toposort would be kept for nothing
+  return [node for node in graph.toposort if node.op is Ops.BUFFER]
 
 
 def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], parameters: set[UOp]) -> None:
@@ -662,8 +686,8 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
-    if any(leaf in parameters or autograd_origin(leaf) is not None for leaf in node.toposort):
-      remember_origin(view, node)
+    order = node.toposort
+    if not parameters.isdisjoint(order) or any(map(autograd_origin, order)): remember_origin(view, node)
 
 
 # *** helpers ***

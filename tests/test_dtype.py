@@ -563,3 +563,12 @@ def test_ptr() -> None:
   assert repr(lp) == "dtypes.float16.vec(4).ptr(16, local=True)"
   assert p == dtypes.float32.ptr(-1) and hash(p) == hash(dtypes.float32.ptr(-1))
   assert p != dtypes.float32.ptr(-1, local=True) and p != dtypes.float32.ptr(8) and p != dtypes.float64.ptr()
+
+
+def test_one_dtype_object_per_dtype() -> None:
+  import pickle
+  from rawgrad.dtype import DType
+  assert DType("float32", 4, "float", "f") is dtypes.float32
+  assert dtypes.float32.vec(4) is dtypes.float32.vec(4) and dtypes.float32.vec(4).scalar is dtypes.float32
+  assert pickle.loads(pickle.dumps(dtypes.half.vec(2))) is dtypes.half.vec(2)
+  assert dtypes.float32 != dtypes.int32 and len({dtypes.float32, DType("float32", 4, "float", "f")}) == 1

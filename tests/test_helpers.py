@@ -98,3 +98,22 @@ def test_global_counters_track_memory_and_reset() -> None:
   assert GlobalCounters.kernel_count == 0 and GlobalCounters.global_ops == 0 and GlobalCounters.time_sum_s == 0.0
   assert GlobalCounters.mem_peak == GlobalCounters.mem_used == used + 400
   GlobalCounters.track_memory(-400)
+
+
+def test_weak_identity_set_holds_by_identity_and_not_alive() -> None:
+  import gc
+  from rawgrad.helpers import WeakIdentitySet
+
+  class Equal:  # == builds something else (as Tensor's does): the set must never call it
+    def __eq__(self, other: object) -> bool: raise AssertionError("compared with ==")
+    __hash__ = object.__hash__
+  members = WeakIdentitySet[Equal]()
+  a, b = Equal(), Equal()
+  members.add(a), members.add(b), members.add(a)
+  assert len(members) == 2 and {id(m) for m in members} == {id(a), id(b)}
+  members.discard(a)
+  assert list(map(id, members)) == [id(b)]
+  del b
+  gc.collect()
+  assert len(members) == 0 and list(members) == []
+

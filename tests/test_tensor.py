@@ -1032,3 +1032,21 @@ def test_len_size_numel() -> None:
   assert len(t) == 3 and t.size() == (3, 4) and t.size(-1) == 4 and t.numel() == 12 and t.ndim == 2
   with pytest.raises(TypeError):
     len(Tensor(1.0))
+
+
+def test_realize_files_tensors_as_lazy_or_realized() -> None:
+  from rawgrad.tensor import lazy_tensors, realized_tensors
+  def filed(tensor: Tensor, tensors: object) -> bool: return any(t is tensor for t in tensors)
+  a = Tensor(np.arange(3, dtype=np.float32))
+  b = a * 2
+  assert filed(a, realized_tensors) and filed(b, lazy_tensors) and not filed(b, realized_tensors)
+  c = b + 1  # shares b's graph: updated by b's realize though c stays lazy
+  b.realize()
+  assert filed(b, realized_tensors) and not filed(b, lazy_tensors) and filed(c, lazy_tensors)
+  b.assign(b + 1)
+  assert filed(b, lazy_tensors) and not filed(b, realized_tensors)
+  c.realize()
+  b.realize()
+  assert filed(b, realized_tensors) and filed(c, realized_tensors)
+  np.testing.assert_array_equal(b.numpy(), [1, 3, 5])
+  np.testing.assert_array_equal(c.numpy(), [1, 3, 5])

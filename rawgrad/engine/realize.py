@@ -120,7 +120,7 @@ def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = No
 
 
 def item_device(item: ScheduleItem) -> str:
-  return item.buffers[0].device  # the output BUFFER node's DEVICE (cached on the node)
+  return item.buffers[0].src[1].arg  # the output BUFFER node's DEVICE
 
 
 def _kernel_line(name: str, device: str, seconds: float, cost: KernelCost) -> str:
@@ -131,7 +131,9 @@ def _kernel_line(name: str, device: str, seconds: float, cost: KernelCost) -> st
 
 
 def plan_temporaries(items: list[ScheduleItem], kept: set[UOp]) -> None:
-  """Buffers a schedule creates and no tensor keeps are temporaries: pack them into one arena per device."""
+  """Buffers a schedule creates and no tensor keeps are temporaries: pack them into one arena per device. (The
+  buffers of one kernel are all in use at once: only a schedule of several kernels can share memory.)"""
+  if len(items) < 2: return
   temporaries = {output: output.arg * output.dtype.itemsize for item in items for output in item.buffers[:item.outputs]
                  if output not in kept and not buffer_for(output).is_allocated}
   for device in sorted({node.src[1].arg for node in temporaries}):

@@ -12,6 +12,7 @@ Nothing else the scheduler reads may differ between graphs of one key: its decis
 from __future__ import annotations
 
 import hashlib
+import operator
 import pickle
 from dataclasses import dataclass
 from typing import Callable
@@ -23,6 +24,7 @@ from rawgrad.helpers import LRUCache, getenv, unique_id
 
 SCHEDULE_CACHE_SIZE = getenv("SCHEDULE_CACHE", 512)  # 0 turns the cache off
 LARGE_GRAPH = 256  # nodes: a larger graph is keyed by a digest of its structure
+_op_of = operator.attrgetter("op")
 
 
 @dataclass(frozen=True)
@@ -39,17 +41,15 @@ stats = {"hits": 0, "misses": 0}
 
 
 def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None] | None = None) -> Schedule:
-  """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before."""
+  """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before (then
+  no kernel is built, and on_kernel is not called)."""
   if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
   nodes = list(UOp.sink(*outputs).toposort)
   key = _structure_key(nodes)
   if key is None: return create_schedule(outputs, on_kernel)
   if (template := _templates.get(key)) is not None:
     stats["hits"] += 1
-    schedule = _fill(template, nodes)
-    if on_kernel is not None:
-      for item in schedule.items: on_kernel(item)
-    return schedule
+    return _fill(template, nodes)
   stats["misses"] += 1
   schedule = create_schedule(outputs, on_kernel)
   if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
@@ -60,12 +60,12 @@ def _structure_key(nodes: list[UOp]) -> tuple | bytes | None:
   """The graph with its holes left out (UOp.local_key), as a tuple (a digest of it for a large graph, whose tuple
   would cost more memory than its schedule); None where a bound value's node is also used as a value elsewhere (its
   value would be both a hole and part of the shape)."""
-  position = {node: i for i, node in enumerate(nodes)}
-  parts = [(node.local_key, tuple(position[source] for source in node.src)) for node in nodes]
-  if any(node.op is Ops.BIND for node in nodes):
+  position = {node: i for i, node in enumerate(nodes)}.__getitem__
+  parts = tuple([(node.local_key, tuple(map(position, node.src))) for node in nodes])
+  if Ops.BIND in map(_op_of, nodes):
     for node in nodes:
       if node.op is not Ops.BIND and any(source.tag == BOUND for source in node.src): return None
-  if len(parts) <= LARGE_GRAPH: return tuple(parts)
+  if len(parts) <= LARGE_GRAPH: return parts
   return hashlib.blake2b(pickle.dumps(parts), digest_size=16).digest()
 
 
@@ -101,7 +101,8 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
   """The template's schedule for this graph: its buffers, fresh buffers for the created ones, its bound values."""
   buffers = {placeholder: nodes[i] for i, placeholder in template.inputs}
   for placeholder in template.fresh:
-    buffers[placeholder] = placeholder.replace(src=(UOp(Ops.UNIQUE, arg=unique_id()), *placeholder.src[1:]))
+    buffers[placeholder] = UOp(Ops.BUFFER, placeholder.dtype, (UOp(Ops.UNIQUE, arg=unique_id()), placeholder.src[1]),
+                               placeholder.arg)
   items = []
   for item, bound_at in zip(template.items, template.bound_at):
     var_values = item.var_values
@@ -111,5 +112,5 @@ def _fill(template: _Template, nodes: list[UOp]) -> Schedule:
       var_values = tuple(values.items())
     items.append(ScheduleItem(item.ast, tuple(buffers[b] for b in item.buffers), var_values, item.dims,
                               item.operations, tuple((variable, nodes[i]) for variable, i in bound_at), item.outputs))
-  becomes = {nodes[i]: substitute(view, buffers) for i, view in template.becomes}
+  becomes = {nodes[i]: buffers.get(view) or substitute(view, buffers) for i, view in template.becomes}
   return Schedule(items, becomes)

@@ -94,7 +94,7 @@ def _copy_into(target: Tensor, value: Tensor) -> None:
   value's buffer itself, which an in-place update of target would then change)."""
   if buffer_base(target.uop) is None:
     # contiguous() of a buffer would be that same buffer: assign into a new one to copy
-    target.uop = Tensor.empty(*target.shape, dtype=target.dtype, device=target.device).uop
+    target.uop = Tensor.empty(*target.shape, dtype=target.dtype, device=target.device).uop  # assign files it lazy
   target.assign(value)
 
 

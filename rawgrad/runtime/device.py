@@ -176,7 +176,7 @@ class Buffer:
   @property
   def address(self) -> int:
     """The buffer's device address."""
-    return self.raw.address
+    return (self._raw if self._raw is not None else self.raw).address  # asked for every launch
 
   def copyin(self, data: memoryview) -> None:
     if data.nbytes != self.nbytes: raise ValueError(f"copyin of {data.nbytes} bytes into a {self.nbytes}-byte buffer")

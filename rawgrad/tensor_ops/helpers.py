@@ -72,6 +72,7 @@ def creation_shape(shape: tuple, dtype: DType, device: str) -> tuple:
 
 def broadcast_shape(*shapes: tuple) -> tuple:
   """The shape several shapes broadcast to, as in numpy and PyTorch."""
+  if all(shape == shapes[0] for shape in shapes[1:]): return tuple(shapes[0])  # most operands agree already
   ndim = max(len(shape) for shape in shapes)
   padded = [(1,) * (ndim - len(shape)) + tuple(shape) for shape in shapes]
   result = []

@@ -130,3 +130,31 @@ def test_a_jitted_function_draws_new_numbers_on_every_replay() -> None:
 def test_learning_rate_like_scalars_change_nothing_but_the_value(value: float) -> None:
   w = Tensor(np.ones(8, np.float32))
   np.testing.assert_allclose((w - w * value).numpy(), np.ones(8) - value, rtol=1e-6)
+
+
+def test_a_repeated_eager_realize_schedules_nothing_and_writes_fresh_buffers(monkeypatch: pytest.MonkeyPatch) -> None:
+  from rawgrad.compiler.rangeify import buffer_base
+  from rawgrad.runtime.device import buffer_for
+  x = Tensor(np.arange(16, dtype=np.float32)).realize()
+  (x * 2 + 1).realize()
+
+  def refuse(*args: object, **kwargs: object) -> None:
+    raise AssertionError("a repeated realize of the same shape ran the scheduler")
+  monkeypatch.setattr(schedule_cache, "create_schedule", refuse)
+  kernels, results = GlobalCounters.kernel_count, []
+  inputs = [x, *(Tensor(np.full(16, i, np.float32)).realize() for i in range(5))]
+  for source in [x, x, *inputs]: results.append((source * 2 + 1).realize())
+  assert GlobalCounters.kernel_count - kernels == len(results)  # one launch each
+  buffers = [buffer_for(buffer_base(result.uop)) for result in results]
+  assert len({id(buffer) for buffer in buffers}) == len({buffer.address for buffer in buffers}) == len(results)
+  for source, result in zip([x, x, *inputs], results):  # every result kept its own values
+    np.testing.assert_array_equal(result.numpy(), source.numpy() * 2 + 1)
+
+
+def test_a_repeated_realize_reads_the_buffers_assigned_in_between() -> None:
+  x = Tensor(np.zeros(8, np.float32)).contiguous().realize()
+  seen = []
+  for _ in range(5):
+    x.assign(x + 1).realize()
+    seen.append((x * 10).realize())
+  for i, result in enumerate(seen): np.testing.assert_array_equal(result.numpy(), np.full(8, 10.0 * (i + 1)))

@@ -9,14 +9,15 @@ import numpy as np
 
 from rawgrad.compiler.render.llvmir import LLVMRenderer
 from rawgrad.compiler.target import host_target
-from rawgrad.drivers.cpu.native import (CommandBuffer, NativeRuntime, aligned_words, native_store_signal,
+from rawgrad.drivers.cpu.native import (CommandBuffer, NativeRuntime, Op, aligned_words, native_store_signal,
                                         start_native_compile)
 from rawgrad.drivers.cpu.program import CPUKernel
 from rawgrad.runtime.compile import LLVMCompiler
 from rawgrad.runtime.device import Allocator
-from rawgrad.runtime.hcq import SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
+from rawgrad.runtime.hcq import COMPUTE, SIGNAL_BYTES, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, HWQueue
 
 ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
+LAUNCH_WORDS = 8  # an untimed launch's commands: EXEC (4 words), the timeline's SIGNAL (3), one word to align the args
 
 
 def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
@@ -84,6 +85,21 @@ class CPUDevice(HCQDevice):
       elif command.kind != "memory_barrier":  # one in-order processor: every write is visible to what follows
         raise ValueError(f"the CPU queue has no command {command.kind!r}")
     return commands
+
+  def launch(self, program: Any, args: list[int], global_size: tuple[int, int, int],
+             local_size: tuple[int, int, int], timed: bool = False) -> tuple[int, int] | None:
+    """An untimed launch writes its command words and its argument block together into the argument ring and
+    submits them as they are: the words encode() would make of the queue, without building a queue and a command
+    buffer for each launch (the eager launch path)."""
+    if timed: return super().launch(program, args, global_size, local_size, timed)
+    value = self.timeline_value + 1
+    block = self.kernargs.alloc(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
+    block.host.view(np.uint64)[:] = [Op.EXEC, program.address, block.address + 8 * LAUNCH_WORDS, global_size[0],
+                                     Op.SIGNAL, self.timeline_signal.address, value, 0,
+                                     *(arg & (2**64 - 1) for arg in args)]
+    self.runtime.submit_words(block.address, LAUNCH_WORDS - 1)
+    self.timeline_value, self.last_engine = value, COMPUTE
+    return None
 
   def _submit(self, encoded: CommandBuffer, engine: str) -> None:
     self.runtime.submit(encoded)

@@ -1147,17 +1147,22 @@ class NativeRuntime:
     else:
       raise TypeError(f"commands must be a CommandBuffer or a contiguous uint64 array, not {type(commands).__name__}"
                       f"{f' of {commands.dtype}' if isinstance(commands, np.ndarray) else ''}")
+    return self.submit_words(address, len(words), commands, timeout_s)
+
+  def submit_words(self, address: int, count: int, keep: Any = None, timeout_s: float = 10.0) -> int:
+    """Queues the `count` command words at `address`; returns the submission number. `keep` (the words' owner) is
+    held until the processor is past them; the words must not change until then."""
     if self._state.stopped:
       raise RuntimeError("the native runtime is closed")
     if os.getpid() != self._state.pid:
       raise RuntimeError(f"the native runtime was started by process {self._state.pid}; its threads are not in this "
                          f"forked process {os.getpid()}: make a new runtime here")
     with self._lock:
-      while (submission := self._state.code.submit_commands(self._control_address, address, len(words))) < 0:
+      while (submission := self._state.code.submit_commands(self._control_address, address, count)) < 0:
         self._wait_until(lambda: self.completed + RING_ENTRIES > self._submitted, timeout_s,
                          lambda: f"space in the submission ring ({RING_ENTRIES} entries)")
       self._submitted = submission + 1
-      self._in_flight.append((submission, commands))
+      if keep is not None: self._in_flight.append((submission, keep))
       if len(self._in_flight) > 32:  # amortized: the references only cost memory
         self._release_finished()
     return submission
