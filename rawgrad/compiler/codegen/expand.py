@@ -128,6 +128,14 @@ class _Expander:
     if key not in self.cache: self.cache[key] = simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
     return self.cache[key]
 
+  def lane_addresses(self, index: UOp) -> list[UOp]:
+    """The index of every lane of a gather or scatter: lane 0's plus the stride times the lane when the index is
+    linear in the lanes (simplifying each lane's whole index again is most of the time a scattered store takes to
+    build), else each lane's own."""
+    if (step := self.lane_stride(index)) is None: return [self.at_lane(index, lane) for lane in range(self.width)]
+    first = self.at_lane(index, 0)
+    return [first] + [first + UOp.const(dtypes.index, step * lane) for lane in range(1, self.width)]
+
   def uses_lanes(self, expr: UOp | None) -> bool:
     return expr is not None and self.upcast is not None and self.upcast in expr.toposort
 
@@ -187,9 +195,9 @@ class _Expander:
       zero = UOp(Ops.CONST, value.dtype, arg=(0,) * self.width)
       return UOp(Ops.WHERE, value.dtype, (self.vector(gate), value, zero))
     lanes = []
-    for lane in range(self.width):
+    for lane, address in enumerate(self.lane_addresses(index)):
       lane_gate = self.at_lane(gate, lane) if gate is not None else None
-      lanes.append(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, self.at_lane(index, lane), lane_gate),)))
+      lanes.append(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, address, lane_gate),)))
     return UOp(Ops.VECTORIZE, node.dtype.vec(self.width), tuple(lanes))
 
   def reduce(self, node: UOp, env: dict[UOp, int]) -> UOp:
@@ -229,10 +237,10 @@ class _Expander:
       mask = self.vector(gate) if gate is not None else None
       return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, self.at_lane(index, 0), mask), self.splat(value)),
                   store.arg)]
-    return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, self.at_lane(index, lane),
+    return [UOp(Ops.STORE, dtypes.void, (_index(target, buffer, address,
                                                 self.at_lane(gate, lane) if gate is not None else None),
                                          self.lane(value, lane)), store.arg)
-            for lane in range(self.width)]
+            for lane, address in enumerate(self.lane_addresses(index))]
 
 
 def _always_inside(buffer: UOp, index: UOp) -> bool:

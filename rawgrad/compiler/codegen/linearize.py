@@ -224,11 +224,23 @@ def _free_ranges(node: UOp) -> set[UOp]:
 def output_loops(node: UOp) -> tuple[UOp, ...]:
   """The loops around a store (or all stores of a SINK): every range used outside a reduction, in loop order (by id;
   the parallel loop, if any, has the lowest)."""
-  inner: set[UOp] = set()
-  for each in node.toposort:
-    if each.op is Ops.REDUCE: inner.update(each.src[1:])
-  return tuple(sorted((n for n in node.toposort if n.op is Ops.RANGE and n not in inner and n.arg[1] != "stage"),
-                      key=lambda r: r.arg[0]))
+  return _in_loop_order(_loops_outside_reductions(node)[node])
+
+
+def _loops_outside_reductions(root: UOp) -> dict[UOp, frozenset[UOp]]:
+  """For every node under root, the ranges it uses outside its reductions (not the copy loops of a staged buffer),
+  from one walk: the stores of a scattered vector are hundreds over one shared subgraph."""
+  free: dict[UOp, frozenset[UOp]] = {}
+  for node in root.toposort:
+    ranges = frozenset().union(*(free[source] for source in node.src)) if node.src else frozenset()
+    if node.op is Ops.RANGE and node.arg[1] != "stage": ranges |= {node}
+    if node.op is Ops.REDUCE: ranges -= set(node.src[1:])
+    free[node] = ranges
+  return free
+
+
+def _in_loop_order(ranges: frozenset[UOp]) -> tuple[UOp, ...]:
+  return tuple(sorted(ranges, key=lambda r: r.arg[0]))
 
 
 def linearize(ast: UOp) -> list[UOp]:
@@ -239,7 +251,8 @@ def linearize(ast: UOp) -> list[UOp]:
   stagings = [node for node in ast.toposort if is_staging(node)]
   linearizer.pending_stagings = [node for node in stagings if node.op is Ops.BARRIER]
   linearizer.emit_ready_stagings(stagings)
-  loops_of = {store: output_loops(store) for store in ast.src}
+  free = _loops_outside_reductions(ast)
+  loops_of = {store: _in_loop_order(free[store]) for store in ast.src}
   nests = [(loops, [store for store in ast.src if loops_of[store] == loops])
            for loops in dict.fromkeys(loops_of.values())]
   for loops, stores in nests:
@@ -257,7 +270,7 @@ def linearize(ast: UOp) -> list[UOp]:
     for loop in loops[shared:]:
       linearizer.open_loop(loop)
       linearizer.emit_ready_stagings(pending)
-    linearizer.nest_nodes = {node for store in stores for node in store.toposort}
+    linearizer.nest_nodes = set(UOp.sink(*stores).toposort)
     for store in stores: linearizer.emit(store)
   for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)
   return linearizer.program
@@ -265,8 +278,7 @@ def linearize(ast: UOp) -> list[UOp]:
 
 def _barriers(stores: list[UOp]) -> list[UOp]:
   """The meetings of a split reduction (GROUP's slices, BLOCK_REDUCE's threads), not the barriers of staged tiles."""
-  return list(dict.fromkeys(node for store in stores for node in store.toposort
-                            if node.op is Ops.BARRIER and not is_staging(node)))
+  return [node for node in UOp.sink(*stores).toposort if node.op is Ops.BARRIER and not is_staging(node)]
 
 
 MEAN_LENGTH_POINTS = 4096  # outer loop values a variable loop length is averaged over (beyond: its largest)
