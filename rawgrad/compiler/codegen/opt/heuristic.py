@@ -44,7 +44,7 @@ STREAM_BYTES = 16 << 20         # outputs at least this large are not read back 
 GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machines up to 32 cores, so they balance;
                                 # fixed, so a reduction rounds the same way on every machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
-PACKED_BETTER_FILL = 1.2        # how much better another axis must fill the lanes to be packed for
+PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
@@ -114,9 +114,12 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, lanes: int, stage_byt
   chosen_fill = _lane_fill(constant(size_of(chosen)), lanes) if chosen is not None else 0.0
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   best: list = []
-  best_fill = chosen_fill * PACKED_BETTER_FILL
+  # vectors that slide by part of a vector from one reduce iteration to the next (a convolution's window moving one
+  # pixel) mostly straddle two cache lines: an axis that fills as well is better then
+  best_fill = chosen_fill * (1.0 if _sliding(plan, chosen, loads, lanes) else PACKED_BETTER_FILL)
   for r in plan.output_loops:
-    if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) <= best_fill: continue
+    if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) < best_fill or fill == 0: continue
+    if fill == best_fill and best: continue
     packs = []
     for access in loads:
       if (jump := stride(access.index, r)) in (0, 1): continue
@@ -128,6 +131,13 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, lanes: int, stage_byt
     else:
       if packs: best, best_fill = [r, *sorted(set(packs))], fill
   return best
+
+
+def _sliding(plan: Planner, axis: UOp | None, loads: list[Access], lanes: int) -> bool:
+  """Some load that is contiguous along the axis moves by a part of a vector along a reduce loop."""
+  if axis is None: return False
+  return any(stride(a.index, axis) == 1 and any((jump := stride(a.index, r)) is not None and jump % lanes != 0
+                                               for r in plan.reduce_loops) for a in loads)
 
 
 def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target: Target) -> None:

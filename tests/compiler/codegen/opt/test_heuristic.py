@@ -117,9 +117,12 @@ def test_a_convolution_over_narrow_images_vectorizes_its_output_channels(size: i
   for cores in (1, 4):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(3, 32, -1), _conv(x, w, padding).reshape(3, 32, -1),
                                rtol=1e-4, atol=1e-4)
-  # with AVX2's 8 lanes, rows of 8 fill the vectors: no packing
+  # with AVX2's 8 lanes rows of 8 fill the vectors, but each step of the window slides them by one pixel: packed
+  # output channels still win. A 1x1 convolution's rows do not slide: they stay the vector axis
   rows_of_8 = create_schedule([Tensor.empty(3, 8, 10, 10).conv2d(Tensor.empty(32, 8, 3, 3)).uop]).items[-1]
-  assert OptOps.LOCAL not in _ops(hand_coded_opts(rows_of_8.ast, AVX2))
+  assert OptOps.LOCAL in _ops(hand_coded_opts(rows_of_8.ast, AVX2))
+  pointwise = create_schedule([Tensor.empty(3, 72, 8, 8).conv2d(Tensor.empty(32, 72, 1, 1)).uop]).items[-1]
+  assert OptOps.LOCAL not in _ops(hand_coded_opts(pointwise.ast, AVX2))
 
 
 def test_a_short_reduction_keeps_the_contiguous_vector_axis() -> None:
