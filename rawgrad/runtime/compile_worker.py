@@ -42,6 +42,10 @@ class WorkerFailed(CompileError):
   """A worker died or stopped answering while it compiled; the kernel's IR may be fine."""
 
 
+class LLVMAborted(WorkerFailed):
+  """The worker aborted: an assertion inside LLVM failed on this IR (seen with the SLP vectorizer on rare kernels)."""
+
+
 class WorkerUnavailable(Exception):
   """No worker process could be started here (or it runs another llvmlite): compile in this process instead."""
 
@@ -83,9 +87,9 @@ def optimized_module(machine: llvm.TargetMachine, src: str, slp_vectorization: b
   return module
 
 
-def compile_object(machine: llvm.TargetMachine, src: str) -> bytes:
+def compile_object(machine: llvm.TargetMachine, src: str, slp: bool = True) -> bytes:
   # SLP vectorization is off by default; it packs straight-line float math into vector instructions
-  return machine.emit_object(optimized_module(machine, src, slp_vectorization=True))
+  return machine.emit_object(optimized_module(machine, src, slp_vectorization=slp))
 
 
 # *** frames on a pipe
@@ -150,9 +154,9 @@ class CompileWorker:
   def __repr__(self) -> str:
     return f"compile worker (pid {self.process.pid})"
 
-  def compile(self, triple: str, cpu: str, features: str, src: str, name: str = "") -> bytes:
+  def compile(self, triple: str, cpu: str, features: str, src: str, name: str = "", slp: bool = True) -> bytes:
     if not self.greeted: self._greeting()
-    header = json.dumps({"triple": triple, "cpu": cpu, "features": features}).encode()
+    header = json.dumps({"triple": triple, "cpu": cpu, "features": features, "slp": slp}).encode()
     deadline = time.monotonic() + COMPILE_TIMEOUT_S
     try:
       _send(self.requests, header, deadline)
@@ -164,7 +168,10 @@ class CompileWorker:
         from None
     except BrokenPipeError:
       reply = None
-    if reply is None: raise WorkerFailed(f"{self} died while compiling {name or 'a kernel'}: {self._ended()}")
+    if reply is None:
+      ended = self._ended()
+      raise (LLVMAborted if ended == "killed by SIGABRT" else WorkerFailed)(
+        f"{self} died while compiling {name or 'a kernel'}: {ended}")
     if reply[:1] == b"O": return reply[1:]
     raise CompileError(reply[1:].decode())
 
@@ -211,9 +218,17 @@ class CompileWorkers:
     self.available = threading.Condition()
 
   def compile(self, triple: str, cpu: str, features: str, src: str, name: str = "") -> bytes:
+    """The object of src. When LLVM aborts on it, it is compiled once more, in a fresh worker, without the SLP
+    vectorizer (the straight-line math stays scalar; LLVM's loops and our vectors are as before)."""
+    try:
+      return self._compile(triple, cpu, features, src, name, slp=True)
+    except LLVMAborted:
+      return self._compile(triple, cpu, features, src, name, slp=False)
+
+  def _compile(self, triple: str, cpu: str, features: str, src: str, name: str, slp: bool) -> bytes:
     worker = self._take()
     try:
-      obj = worker.compile(triple, cpu, features, src, name)
+      obj = worker.compile(triple, cpu, features, src, name, slp)
     except WorkerFailed:
       self._lost(worker)
       raise
@@ -281,7 +296,7 @@ def serve() -> None:
     key = spec["triple"], spec["cpu"], spec["features"]
     try:
       if key not in machines: machines[key] = cpu_target_machine(*key)
-      reply = b"O" + compile_object(machines[key], src.decode())
+      reply = b"O" + compile_object(machines[key], src.decode(), spec.get("slp", True))
     except CompileError as error:
       reply = b"E" + str(error).encode()
     except Exception as error:  # an llvmlite failure outside LLVM's diagnostics: the parent shows it, we go on

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rawgrad.compiler.codegen.opt.kernel import OptError, apply_opt
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opt
 from rawgrad.engine.search import actions
 from rawgrad.tensor import Tensor
 
@@ -116,3 +116,14 @@ def test_the_sequences_apply_opts() -> None:
     except OptError:
       continue
   assert applied > len(candidates) // 3, (applied, len(candidates))
+
+
+def test_a_kernel_llvm_aborts_on_compiles_without_the_slp_vectorizer() -> None:
+  """Found by the sequences above: with these opts llvmlite 0.50's LLVM fails an assertion in its SelectionDAG
+  after SLP vectorization, killing the compile worker with SIGABRT. The worker pool compiles it again without SLP."""
+  tensor, expected = matmul()
+  item = last_kernel(tensor)
+  opts = [Opt(OptOps.TILE, 2, 4), Opt(OptOps.UNROLL, 1, 3), Opt(OptOps.UNROLL, 0, 3), Opt(OptOps.UNROLL, 2, 2),
+          Opt(OptOps.TILE, 1, 8)]
+  for cores in (1, 3):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
