@@ -7,7 +7,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized, remember_origin
+from rawgrad.compiler.gradient import (any_origin_remembered, autograd_origin, compute_gradient, expand_realized,
+                                      remember_origin)
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
@@ -684,6 +685,7 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   """Realizing replaces a tensor's graph by its buffer; keep the graph for gradients that flow through it (as
   PyTorch keeps its autograd graph), so `loss.item(); loss.backward()` works. Only for buffers tensors keep (a
   temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
+  if not parameters and not any_origin_remembered(): return  # no gradient can flow through any graph
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
     order = node.toposort

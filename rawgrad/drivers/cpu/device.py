@@ -52,6 +52,7 @@ class CPUDevice(HCQDevice):
     target = host_target()
     super().__init__(name, target, CPUAllocator(), LLVMCompiler(target), LLVMRenderer(target), CPUKernel)
     self._runtime: NativeRuntime | None = None
+    self.kernargs_words = self.kernargs.memory.host.view(np.uint64)  # the argument ring, for launches to write
     start_native_compile()  # the first kernel launch needs it
 
   @property
@@ -93,11 +94,12 @@ class CPUDevice(HCQDevice):
     buffer for each launch (the eager launch path)."""
     if timed: return super().launch(program, args, global_size, local_size, timed)
     value = self.timeline_value + 1
-    block = self.kernargs.alloc(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
-    block.host.view(np.uint64)[:] = [Op.EXEC, program.address, block.address + 8 * LAUNCH_WORDS, global_size[0],
-                                     Op.SIGNAL, self.timeline_signal.address, value, 0,
-                                     *(arg & (2**64 - 1) for arg in args)]
-    self.runtime.submit_words(block.address, LAUNCH_WORDS - 1)
+    start = self.kernargs.reserve(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
+    address = self.kernargs.memory.address + start
+    self.kernargs_words[start // 8:start // 8 + LAUNCH_WORDS + len(args)] = [
+      Op.EXEC, program.address, address + 8 * LAUNCH_WORDS, global_size[0],
+      Op.SIGNAL, self.timeline_signal.address, value, 0, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
+    self.runtime.submit_words(address, LAUNCH_WORDS - 1)
     self.timeline_value, self.last_engine = value, COMPUTE
     return None
 
