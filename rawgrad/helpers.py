@@ -126,25 +126,40 @@ class LRUCache(Generic[K, V]):
 
 class WeakIdentitySet(Generic[T]):
   """A set of live objects, by identity, that does not keep them alive. (weakref.WeakSet compares members with ==,
-  which a Tensor overloads to build a graph.)"""
+  which a Tensor overloads to build a graph.) A member moves to another set with its weak reference."""
 
   def __init__(self) -> None:
-    self.refs: dict[int, weakref.ref] = {}
-
-  def _forget(self, key: int, ref: weakref.ref) -> None:
-    if self.refs.get(key) is ref: del self.refs[key]  # the id may name a newer object by now
+    self.refs: dict[int, _MemberReference] = {}
 
   def add(self, item: T) -> None:
-    if (key := id(item)) not in self.refs: self.refs[key] = weakref.ref(item, functools.partial(self._forget, key))
+    if (key := id(item)) in self.refs: return
+    ref = self.refs[key] = _MemberReference(item, _forget_member)
+    ref.key, ref.owner = key, self
 
   def discard(self, item: T) -> None:
     self.refs.pop(id(item), None)
+
+  def move(self, item: T, to: WeakIdentitySet[T]) -> None:
+    """Take `item` out of this set into `to` (where it is not in this set, add it to `to`)."""
+    if (ref := self.refs.pop(id(item), None)) is None: return to.add(item)
+    if ref.key in to.refs: return
+    ref.owner = to
+    to.refs[ref.key] = ref
 
   def __iter__(self) -> Iterator[T]:
     return (item for ref in list(self.refs.values()) if (item := ref()) is not None)
 
   def __len__(self) -> int:
     return len(self.refs)
+
+
+class _MemberReference(weakref.ref):
+  """A weak reference to a member of a WeakIdentitySet, carrying its key and the set that holds it now."""
+  __slots__ = ("key", "owner")
+
+
+def _forget_member(ref: _MemberReference) -> None:
+  if ref.owner.refs.get(ref.key) is ref: del ref.owner.refs[ref.key]  # the id may name a newer object by now
 
 
 class GlobalCounters:

@@ -671,9 +671,8 @@ def _apply_becomes_map(becomes_map: dict[UOp, UOp]) -> set[UOp]:
 def _set_graph(tensor: Tensor, uop: UOp) -> None:
   """Give the tensor a new graph, filed with the lazy or the realized tensors."""
   tensor.uop = uop
-  is_lazy = buffer_base(uop) is None
-  (realized_tensors if is_lazy else lazy_tensors).discard(tensor)
-  (lazy_tensors if is_lazy else realized_tensors).add(tensor)
+  if buffer_base(uop) is None: realized_tensors.move(tensor, lazy_tensors)
+  else: lazy_tensors.move(tensor, realized_tensors)
 
 
 def _buffers_in(graph: UOp) -> list[UOp]:

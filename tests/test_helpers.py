@@ -117,3 +117,25 @@ def test_weak_identity_set_holds_by_identity_and_not_alive() -> None:
   gc.collect()
   assert len(members) == 0 and list(members) == []
 
+
+
+def test_weak_identity_set_move_carries_the_member_and_forgets_it_where_it_went() -> None:
+  import gc
+  from rawgrad.helpers import WeakIdentitySet
+
+  class Member:
+    pass
+  first, second = WeakIdentitySet[Member](), WeakIdentitySet[Member]()
+  a, b = Member(), Member()
+  first.add(a)
+  first.move(a, second)
+  first.move(b, second)  # not in first: added to second
+  assert len(first) == 0 and {id(m) for m in second} == {id(a), id(b)}
+  second.move(a, first)
+  assert list(map(id, first)) == [id(a)] and list(map(id, second)) == [id(b)]
+  del a
+  gc.collect()
+  assert len(first) == 0 and list(map(id, second)) == [id(b)]
+  del b
+  gc.collect()
+  assert len(second) == 0

@@ -123,7 +123,7 @@ class UOpMetaClass(type):
   so a node nobody references is freed."""
   # key -> weak reference to the live node; an entry removes itself when its node dies (a plain dict of weak
   # references: every node construction looks here, and WeakValueDictionary's Python-level get is slow)
-  cache: dict[tuple, weakref.ref] = {}
+  cache: dict[tuple, _CacheReference] = {}
 
   def __call__(cls, op: Ops, dtype: AnyDType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                tag: Any = None) -> UOp:
@@ -137,14 +137,19 @@ class UOpMetaClass(type):
       raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} {arg!r} for {op}") from error
     if found is not None and (hit := found()) is not None: return hit
     node = super().__call__(op, dtype, src, arg, tag)
-    UOpMetaClass.cache[key] = weakref.ref(node, _forget(key))
+    reference = UOpMetaClass.cache[key] = _CacheReference(node, _forget)
+    reference.key = key
     return node
 
 
-def _forget(key: tuple) -> Callable[[weakref.ref], None]:
-  def remove(reference: weakref.ref) -> None:
-    if UOpMetaClass.cache.get(key) is reference: del UOpMetaClass.cache[key]
-  return remove
+class _CacheReference(weakref.ref):
+  """The cache's weak reference to a node, carrying the node's key: one callback serves every entry (no closure is
+  made per node built)."""
+  __slots__ = ("key",)
+
+
+def _forget(reference: _CacheReference) -> None:
+  if UOpMetaClass.cache.get(reference.key) is reference: del UOpMetaClass.cache[reference.key]
 
 
 class MathMixin:
