@@ -331,6 +331,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def _broadcasted(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x, y = self._to_tensor_like(other)
+    if not isinstance(other, Tensor): return (y, x) if reverse else (x, y)  # a scalar comes with this tensor's shape
     shape = broadcast_shape(x.shape, y.shape)
     x, y = x._broadcast_to(shape), y._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
@@ -728,7 +729,7 @@ def _requiring_grad(tensor: Tensor, requires_grad: bool | None) -> Tensor:
 
 
 def _scalar_result_dtype(dtype: DType, value: Any) -> DType:
-  category = {dtypes.bool: 0}.get(dtype, 2 if dtypes.is_float(dtype) else 1)
+  category = 0 if dtype is dtypes.bool else 2 if dtypes.is_float(dtype) else 1
   value_category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
   if value_category <= category: return dtype
   return dtypes.default_float if value_category == 2 else dtypes.default_int
