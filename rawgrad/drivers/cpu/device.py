@@ -18,6 +18,7 @@ from rawgrad.runtime.hcq import COMPUTE, SIGNAL_BYTES, DeviceFault, DeviceMemory
 
 ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
 LAUNCH_WORDS = 8  # an untimed launch's commands: EXEC (4 words), the timeline's SIGNAL (3), one word to align the args
+EXEC, SIGNAL = int(Op.EXEC), int(Op.SIGNAL)  # as plain ints: numpy converts an IntEnum member through a Python call
 
 
 def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
@@ -97,8 +98,8 @@ class CPUDevice(HCQDevice):
     start = self.kernargs.reserve(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
     address = self.kernargs.memory.address + start
     self.kernargs_words[start // 8:start // 8 + LAUNCH_WORDS + len(args)] = [
-      Op.EXEC, program.address, address + 8 * LAUNCH_WORDS, global_size[0],
-      Op.SIGNAL, self.timeline_signal.address, value, 0, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
+      EXEC, program.address, address + 8 * LAUNCH_WORDS, global_size[0],
+      SIGNAL, self.timeline_signal.address, value, 0, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
     self.runtime.submit_words(address, LAUNCH_WORDS - 1)
     self.timeline_value, self.last_engine = value, COMPUTE
     return None
