@@ -88,11 +88,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
                requires_grad: bool | None = None):
-    dtype = None if dtype is None else to_dtype(dtype)
-    # every operation makes a Tensor of a UOp: that case looks up no device
-    uop = data if isinstance(data, UOp) else _uop_of(data, _canonical_device(device), dtype)
-    if Tensor._no_grad and isinstance(data, UOp) and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
-      uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+    if isinstance(data, UOp):  # every operation makes a Tensor of a UOp: that case looks up no device
+      uop = data
+      if Tensor._no_grad and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
+        uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+    else: uop = _uop_of(data, _canonical_device(device), None if dtype is None else to_dtype(dtype))
     self.uop: UOp = uop
     if PROFILE: record_origin(uop)
     self._requires_grad: bool | None = None
@@ -633,7 +633,8 @@ def realize_tensors(tensors: list[Tensor]) -> None:
   """Compute the given tensors into buffers, and the pending index checks with them; every live tensor that shared
   their graphs now reads the buffers."""
   checks = take_pending()
-  outputs = [t.uop for t in [*tensors, *(check.extremes for check in checks)] if buffer_base(t.uop) is None]
+  if checks: tensors = [*tensors, *(check.extremes for check in checks)]
+  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
   if not outputs: return
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next

@@ -118,6 +118,9 @@ def arg_key(arg: Any) -> Any:
   return arg
 
 
+_KEYED_ARGS = (float, bool, tuple)  # the arg types arg_key changes (the others are their own key)
+
+
 class UOpMetaClass(type):
   """Hash-consing: constructing a node equal to a live one returns the live one. The cache holds nodes weakly,
   so a node nobody references is freed."""
@@ -130,7 +133,7 @@ class UOpMetaClass(type):
     if type(src) is not tuple: src = tuple(src)
     # sources by id: a key holding them would keep them alive until their user's entry goes, so a graph with cached
     # toposorts (cycles) would be freed one layer per gc pass. The ids stay unique while the cached user lives.
-    key = (op, dtype, tuple(map(id, src)), arg_key(arg), tag)
+    key = (op, dtype, tuple(map(id, src)), arg_key(arg) if type(arg) in _KEYED_ARGS else arg, tag)
     try:
       found = UOpMetaClass.cache.get(key)
     except TypeError as error:
