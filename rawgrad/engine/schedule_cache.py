@@ -47,10 +47,15 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before (then
   no kernel is built, and on_kernel is not called)."""
   if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
-  nodes = list(UOp.sink(*outputs).toposort)
-  key = _structure_key(nodes)
+  graph = UOp.sink(*outputs)
+  nodes = list(graph.toposort)
+  # a graph's key is a function of the graph alone: kept on its root, like its toposort, for a realize of the same
+  # graph again (its nodes alive: held, or not collected yet)
+  if (keyed := graph.__dict__.get("structure_key")) is None:
+    key = _structure_key(nodes)
+    keyed = graph.__dict__["structure_key"] = (key, None if key is None else hash(key))
+  key, key_hash = keyed
   if key is None: return create_schedule(outputs, on_kernel)
-  key_hash = hash(key)
   if (template := _templates.get(key_hash)) is not None and template.key == key:
     stats["hits"] += 1
     return _fill(template, nodes)

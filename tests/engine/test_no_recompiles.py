@@ -173,3 +173,21 @@ def test_a_template_found_by_the_hash_of_another_structure_is_not_used() -> None
   misses = schedule_cache.stats["misses"]
   np.testing.assert_array_equal(summed.numpy(), [3, 3])
   assert schedule_cache.stats["misses"] == misses + 1
+
+
+def test_a_graph_realized_again_is_keyed_once_and_still_gets_a_fresh_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+  from rawgrad.compiler.rangeify import buffer_base
+  x = Tensor(np.arange(16, dtype=np.float32)).realize()
+  held = x * 2 + 1   # holds the graph: building it again makes the same nodes
+  (x * 2 + 1).realize()
+  keyed = []
+  original = schedule_cache._structure_key
+  monkeypatch.setattr(schedule_cache, "_structure_key", lambda nodes: keyed.append(1) or original(nodes))
+  results = [(x * 2 + 1).realize() for _ in range(3)]
+  assert keyed == []  # the key was kept on the graph's root
+  assert len({id(buffer_base(result.uop)) for result in results}) == 3
+  for result in results: np.testing.assert_array_equal(result.numpy(), np.arange(16) * 2 + 1)
+  x.assign(x + 100).realize()
+  np.testing.assert_array_equal((x * 2 + 1).numpy(), (np.arange(16) + 100) * 2 + 1)
+  # the first realize of its graph computed it too, before the assign (as PyTorch's eager value would be)
+  np.testing.assert_array_equal(held.numpy(), np.arange(16) * 2 + 1)
