@@ -8,7 +8,7 @@ import pytest
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
 from rawgrad.helpers import GlobalCounters, getenv
-from rawgrad.runtime.device import Allocator, Buffer, Device, bind_buffer, buffer_for, made_buffer, rebind_buffers
+from rawgrad.runtime.device import Allocator, Buffer, Device, bind_buffer, buffer_for
 
 
 class _CountingAllocator(Allocator):
@@ -146,16 +146,3 @@ def test_a_node_is_bound_to_a_planned_buffer_only_before_use() -> None:
   with pytest.raises(RuntimeError, match="already has allocated memory; it cannot be re-planned"):
     bind_buffer(node, Buffer("CPU", 7, dtypes.float32))
   bind_buffer(node, planned)  # the same buffer again is fine
-
-
-def test_rebinding_moves_the_planned_nodes_of_a_buffer_to_its_replacement() -> None:
-  arena = Buffer("CPU", 64, dtypes.uint8)
-  planned, other_plan = Buffer("CPU", 3, dtypes.float32, base=arena), Buffer("CPU", 4, dtypes.float32, base=arena)
-  node, other, unplanned = _buffer_node(3), _buffer_node(4), _buffer_node(6)
-  bind_buffer(node, planned), bind_buffer(other, other_plan)
-  assert made_buffer(unplanned) is None
-  own = buffer_for(unplanned)
-  replacement = Buffer("CPU", 3, dtypes.float32, base=Buffer("CPU", 12, dtypes.uint8), offset=0)
-  rebind_buffers({id(planned): replacement, id(own): Buffer("CPU", 6, dtypes.float32)})
-  assert buffer_for(node) is replacement and buffer_for(other) is other_plan  # only bound nodes move
-  assert made_buffer(unplanned) is own
