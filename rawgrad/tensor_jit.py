@@ -16,7 +16,7 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import buffer_base, is_random_draw
 from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturing, replan_temporaries, start_capture,
                                 stop_capture)
-from rawgrad.runtime.device import Buffer, buffer_for, made_buffer
+from rawgrad.runtime.device import Buffer, _buffers, buffer_for
 from rawgrad.tensor import Tensor, live_tensors
 from rawgrad.tensor_ops.random import DRAW_MASK, advance_draws, random_draws
 from rawgrad.tensor_ops.bounds import DeferredCheck, computed_count, computed_since, mark_computed
@@ -173,7 +173,7 @@ def _tensor_buffers() -> set[int]:
   held: set[int] = set()
   for tensor in live_tensors():
     for node in tensor.uop.toposort:
-      if node.op is Ops.BUFFER and (buffer := made_buffer(node)) is not None: held.add(id(buffer))
+      if node.op is Ops.BUFFER and (buffer := _buffers.get(node)) is not None: held.add(id(buffer))
   return held
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from rawgrad.compiler.ir import UOp
 from rawgrad.engine.runner import ArgumentTable, copy_buffer
 from rawgrad.helpers import PROFILE, GlobalCounters
-from rawgrad.runtime.device import Buffer, Device, rebind_buffers
+from rawgrad.runtime.device import Buffer, Device, _buffers
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
 from rawgrad.runtime.memory import order_for_memory, plan_arena
 from rawgrad.runtime.profile import KernelEvent, record_kernel
@@ -117,7 +117,8 @@ def replan_temporaries(items: list[Any], protected: set[int]) -> list[Any]:
       new_views[id(old)] = Buffer(device, old.size, old.dtype, base=arena, offset=placement.offset)  # type: ignore
   if new_bytes >= old_bytes: return items
   for item in new_items: item.buffers = [new_views.get(id(b), b) for b in item.buffers]
-  rebind_buffers(new_views)
+  for node, buffer in list(_buffers.items()):
+    if id(buffer) in new_views: _buffers[node] = new_views[id(buffer)]
   return new_items
 
 

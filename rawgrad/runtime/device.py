@@ -204,34 +204,19 @@ class Buffer:
     return f"<Buffer {self.device} {self.size} x {self.dtype!r} {state}>"
 
 
+_buffers: weakref.WeakKeyDictionary[UOp, Buffer] = weakref.WeakKeyDictionary()
+
+
 def buffer_for(node: UOp) -> Buffer:
-  """The Buffer behind a BUFFER node; it lives as long as the node does (the node holds it: nodes are hash-consed, so
-  the node is the buffer's identity, and no table keyed weakly by node is looked up on every launch)."""
-  if (found := node.__dict__.get("buffer")) is not None: return found
+  """The Buffer behind a BUFFER node; it lives as long as the node does."""
   if node.op is not Ops.BUFFER: raise TypeError(f"{node.op} is not a buffer node")
-  found = node.__dict__["buffer"] = Buffer(node.src[1].arg, node.arg, node.dtype)
+  if (found := _buffers.get(node)) is None:
+    found = _buffers[node] = Buffer(node.src[1].arg, node.arg, node.dtype)
   return found
-
-
-def made_buffer(node: UOp) -> Buffer | None:
-  """The Buffer behind a BUFFER node where buffer_for made it (or bind_buffer gave it) already; None otherwise."""
-  return node.__dict__.get("buffer")
 
 
 def bind_buffer(node: UOp, buffer: Buffer) -> None:
   """Back a BUFFER node by a given Buffer (a planned view) before it is first used."""
-  if node.op is not Ops.BUFFER: raise TypeError(f"{node.op} is not a buffer node")
-  if (bound := node.__dict__.get("buffer")) is not None and bound is not buffer and bound.is_allocated:
+  if node in _buffers and _buffers[node] is not buffer and _buffers[node].is_allocated:
     raise RuntimeError(f"{node.op} already has allocated memory; it cannot be re-planned")
-  node.__dict__["buffer"] = buffer
-  _bound_nodes.add(node)
-
-
-def rebind_buffers(replacements: dict[int, Buffer]) -> None:
-  """Back every node bind_buffer backed by one of the buffers `replacements` names (by id) by its replacement (a
-  jit capture re-planning its temporaries)."""
-  for node in list(_bound_nodes):
-    if (replacement := replacements.get(id(node.__dict__["buffer"]))) is not None: node.__dict__["buffer"] = replacement
-
-
-_bound_nodes: weakref.WeakSet[UOp] = weakref.WeakSet()  # nodes compare by identity: a WeakSet fits
+  _buffers[node] = buffer
