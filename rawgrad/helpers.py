@@ -7,7 +7,7 @@ import itertools
 import os
 import weakref
 from collections import OrderedDict
-from typing import Any, Generic, Hashable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar, overload
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -121,6 +121,27 @@ class LRUCache(Generic[K, V]):
     self.entries[key] = value
     self.entries.move_to_end(key)
     if len(self.entries) > self.limit: self.entries.popitem(last=False)
+    return value
+
+
+class cached_property(Generic[T, V]):
+  """functools.cached_property without its lock: before Python 3.12 it takes a lock on every first access, which
+  costs more than most of the values it caches (a node's shape, device, toposort, built on every operation). The
+  value goes into the instance's __dict__, where later lookups find it before this descriptor."""
+
+  def __init__(self, function: Callable[[T], V]):
+    self.function, self.name, self.__doc__ = function, function.__name__, function.__doc__
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self.name = name
+
+  @overload
+  def __get__(self, instance: None, owner: type | None = None) -> cached_property[T, V]: ...
+  @overload
+  def __get__(self, instance: T, owner: type | None = None) -> V: ...
+  def __get__(self, instance: T | None, owner: type | None = None) -> V | cached_property[T, V]:
+    if instance is None: return self
+    value = instance.__dict__[self.name] = self.function(instance)
     return value
 
 

@@ -139,3 +139,21 @@ def test_weak_identity_set_move_carries_the_member_and_forgets_it_where_it_went(
   del b
   gc.collect()
   assert len(second) == 0
+
+
+def test_cached_property_computes_once_per_instance_and_keeps_its_value_in_the_instance() -> None:
+  from rawgrad.helpers import cached_property
+
+  class Node:
+    def __init__(self, value: int):
+      self.value, self.calls = value, 0
+
+    @cached_property
+    def doubled(self) -> int:
+      """Twice the value."""
+      self.calls += 1
+      return self.value * 2
+  a, b = Node(3), Node(5)
+  assert (a.doubled, a.doubled, b.doubled) == (6, 6, 10) and (a.calls, b.calls) == (1, 1)
+  assert a.__dict__["doubled"] == 6 and isinstance(Node.doubled, cached_property)
+  assert Node.doubled.__doc__ == "Twice the value."

@@ -1,7 +1,6 @@
 """The one IR: immutable, hash-consed `UOp(op, dtype, src, arg, tag)` nodes and their derived properties."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import weakref
@@ -10,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 from rawgrad.dtype import AnyDType, DType, PtrDType, dtypes, truncate
 from rawgrad.errors import ShapeError
+from rawgrad.helpers import cached_property
 
 
 class Ops(Enum):
@@ -276,14 +276,14 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** graph traversal ***
 
-  @functools.cached_property
+  @cached_property
   def local_key(self) -> tuple:
     """The node without its sources, for keys of a graph's structure: (op, dtype, arg, tag), the arg by arg_key (0.0
     is not -0.0), and left out where it names an instance rather than a structure: a UNIQUE's id, a bound value."""
     instance = self.op is Ops.UNIQUE or (self.op is Ops.CONST and self.tag == BOUND)
     return (self.op, self.dtype, None if instance else arg_key(self.arg), self.tag)
 
-  @functools.cached_property
+  @cached_property
   def toposort(self) -> dict[UOp, None]:
     """Every node reachable from this one, sources before their users (this node last)."""
     order: dict[UOp, None] = {}
@@ -317,14 +317,14 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
       if not barrier(node): stack.extend(node.src)
     return list(seen)
 
-  @functools.cached_property
+  @cached_property
   def order_key(self) -> tuple:
     """An order on nodes that is stable across runs: canonical operand order sorts by it. Op and arg first, so
     ranges sort by axis and variables by name; then a digest of the whole subgraph, so the key has a fixed size
     however deep (or however shared) the graph is."""
     return (self.op.value, repr(self.arg), self.digest)
 
-  @functools.cached_property
+  @cached_property
   def digest(self) -> bytes:
     """A stable fingerprint of the subgraph: op, dtype, arg, tag and the sources' digests."""
     # sources first, iteratively (deep graphs would overflow a recursive definition), not entering sources that have
@@ -342,7 +342,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
       node.__dict__["digest"] = fingerprint.digest()
     return self.__dict__["digest"]
 
-  @functools.cached_property
+  @cached_property
   def device(self) -> str:
     """The device a tensor-level node lives on: a COPY's target, else its first source's that has one. Taken from
     the sources' cached devices where they are known (a new node on a large graph costs nothing), else by one walk
@@ -363,7 +363,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** shapes of tensor-level nodes ***
 
-  @functools.cached_property
+  @cached_property
   def shape(self) -> tuple | None:
     """The shape of a tensor-level node (sizes are ints or symbolic UOps), None for kernel-level nodes."""
     return _shape(self)
@@ -430,7 +430,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** value bounds ***
 
-  @functools.cached_property
+  @cached_property
   def _min_max(self) -> tuple[Any, Any]:
     _bounds_of_sources_first(self)
     low, high = _bounds(self)
