@@ -7,7 +7,7 @@ import itertools
 import os
 import weakref
 from collections import OrderedDict
-from typing import Any, Generic, Hashable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Generic, Hashable, Iterable, Iterator, TypeVar, overload
 
 T = TypeVar("T")
 K = TypeVar("K", bound=Hashable)
@@ -124,27 +124,63 @@ class LRUCache(Generic[K, V]):
     return value
 
 
+class cached_property(Generic[T, V]):
+  """functools.cached_property without its lock: before Python 3.12 it takes a lock on every first access, which
+  costs more than most of the values it caches (a node's shape, device, toposort, built on every operation). The
+  value goes into the instance's __dict__, where later lookups find it before this descriptor."""
+
+  def __init__(self, function: Callable[[T], V]):
+    self.function, self.name, self.__doc__ = function, function.__name__, function.__doc__
+
+  def __set_name__(self, owner: type, name: str) -> None:
+    self.name = name
+
+  @overload
+  def __get__(self, instance: None, owner: type | None = None) -> cached_property[T, V]: ...
+  @overload
+  def __get__(self, instance: T, owner: type | None = None) -> V: ...
+  def __get__(self, instance: T | None, owner: type | None = None) -> V | cached_property[T, V]:
+    if instance is None: return self
+    value = instance.__dict__[self.name] = self.function(instance)
+    return value
+
+
 class WeakIdentitySet(Generic[T]):
   """A set of live objects, by identity, that does not keep them alive. (weakref.WeakSet compares members with ==,
-  which a Tensor overloads to build a graph.)"""
+  which a Tensor overloads to build a graph.) A member moves to another set with its weak reference."""
 
   def __init__(self) -> None:
-    self.refs: dict[int, weakref.ref] = {}
-
-  def _forget(self, key: int, ref: weakref.ref) -> None:
-    if self.refs.get(key) is ref: del self.refs[key]  # the id may name a newer object by now
+    self.refs: dict[int, _MemberReference] = {}
 
   def add(self, item: T) -> None:
-    if (key := id(item)) not in self.refs: self.refs[key] = weakref.ref(item, functools.partial(self._forget, key))
+    if (key := id(item)) in self.refs: return
+    ref = self.refs[key] = _MemberReference(item, _forget_member)
+    ref.key, ref.owner = key, self
 
   def discard(self, item: T) -> None:
     self.refs.pop(id(item), None)
+
+  def move(self, item: T, to: WeakIdentitySet[T]) -> None:
+    """Take `item` out of this set into `to` (where it is not in this set, add it to `to`)."""
+    if (ref := self.refs.pop(id(item), None)) is None: return to.add(item)
+    if ref.key in to.refs: return
+    ref.owner = to
+    to.refs[ref.key] = ref
 
   def __iter__(self) -> Iterator[T]:
     return (item for ref in list(self.refs.values()) if (item := ref()) is not None)
 
   def __len__(self) -> int:
     return len(self.refs)
+
+
+class _MemberReference(weakref.ref):
+  """A weak reference to a member of a WeakIdentitySet, carrying its key and the set that holds it now."""
+  __slots__ = ("key", "owner")
+
+
+def _forget_member(ref: _MemberReference) -> None:
+  if ref.owner.refs.get(ref.key) is ref: del ref.owner.refs[ref.key]  # the id may name a newer object by now
 
 
 class GlobalCounters:

@@ -7,7 +7,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.compiler.gradient import autograd_origin, compute_gradient, expand_realized, remember_origin
+from rawgrad.compiler.gradient import (any_origin_remembered, autograd_origin, compute_gradient, expand_realized,
+                                      remember_origin)
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
@@ -87,11 +88,11 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def __init__(self, data: Any, device: str | None = None, dtype: DType | None = None,
                requires_grad: bool | None = None):
-    dtype = None if dtype is None else to_dtype(dtype)
-    # every operation makes a Tensor of a UOp: that case looks up no device
-    uop = data if isinstance(data, UOp) else _uop_of(data, _canonical_device(device), dtype)
-    if Tensor._no_grad and isinstance(data, UOp) and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
-      uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+    if isinstance(data, UOp):  # every operation makes a Tensor of a UOp: that case looks up no device
+      uop = data
+      if Tensor._no_grad and uop.op not in (Ops.BUFFER, Ops.RESHAPE, Ops.ASSIGN, Ops.CONST):
+        uop = UOp(Ops.DETACH, uop.dtype, (uop,))
+    else: uop = _uop_of(data, _canonical_device(device), None if dtype is None else to_dtype(dtype))
     self.uop: UOp = uop
     if PROFILE: record_origin(uop)
     self._requires_grad: bool | None = None
@@ -330,6 +331,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def _broadcasted(self, other: Any, reverse: bool = False) -> tuple[Tensor, Tensor]:
     x, y = self._to_tensor_like(other)
+    if not isinstance(other, Tensor): return (y, x) if reverse else (x, y)  # a scalar comes with this tensor's shape
     shape = broadcast_shape(x.shape, y.shape)
     x, y = x._broadcast_to(shape), y._broadcast_to(shape)
     return (y, x) if reverse else (x, y)
@@ -631,7 +633,8 @@ def realize_tensors(tensors: list[Tensor]) -> None:
   """Compute the given tensors into buffers, and the pending index checks with them; every live tensor that shared
   their graphs now reads the buffers."""
   checks = take_pending()
-  outputs = [t.uop for t in [*tensors, *(check.extremes for check in checks)] if buffer_base(t.uop) is None]
+  if checks: tensors = [*tensors, *(check.extremes for check in checks)]
+  outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
   if not outputs: return
   with KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
@@ -670,9 +673,8 @@ def _apply_becomes_map(becomes_map: dict[UOp, UOp]) -> set[UOp]:
 def _set_graph(tensor: Tensor, uop: UOp) -> None:
   """Give the tensor a new graph, filed with the lazy or the realized tensors."""
   tensor.uop = uop
-  is_lazy = buffer_base(uop) is None
-  (realized_tensors if is_lazy else lazy_tensors).discard(tensor)
-  (lazy_tensors if is_lazy else realized_tensors).add(tensor)
+  if buffer_base(uop) is None: realized_tensors.move(tensor, lazy_tensors)
+  else: lazy_tensors.move(tensor, realized_tensors)
 
 
 def _buffers_in(graph: UOp) -> list[UOp]:
@@ -684,6 +686,7 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   """Realizing replaces a tensor's graph by its buffer; keep the graph for gradients that flow through it (as
   PyTorch keeps its autograd graph), so `loss.item(); loss.backward()` works. Only for buffers tensors keep (a
   temporary's storage is reused), never for assigns (that would chain every training step to the one before)."""
+  if not parameters and not any_origin_remembered(): return  # no gradient can flow through any graph
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
     order = node.toposort
@@ -727,7 +730,7 @@ def _requiring_grad(tensor: Tensor, requires_grad: bool | None) -> Tensor:
 
 
 def _scalar_result_dtype(dtype: DType, value: Any) -> DType:
-  category = {dtypes.bool: 0}.get(dtype, 2 if dtypes.is_float(dtype) else 1)
+  category = 0 if dtype is dtypes.bool else 2 if dtypes.is_float(dtype) else 1
   value_category = 0 if isinstance(value, bool) else 1 if isinstance(value, int) else 2
   if value_category <= category: return dtype
   return dtypes.default_float if value_category == 2 else dtypes.default_int

@@ -117,3 +117,43 @@ def test_weak_identity_set_holds_by_identity_and_not_alive() -> None:
   gc.collect()
   assert len(members) == 0 and list(members) == []
 
+
+
+def test_weak_identity_set_move_carries_the_member_and_forgets_it_where_it_went() -> None:
+  import gc
+  from rawgrad.helpers import WeakIdentitySet
+
+  class Member:
+    pass
+  first, second = WeakIdentitySet[Member](), WeakIdentitySet[Member]()
+  a, b = Member(), Member()
+  first.add(a)
+  first.move(a, second)
+  first.move(b, second)  # not in first: added to second
+  assert len(first) == 0 and {id(m) for m in second} == {id(a), id(b)}
+  second.move(a, first)
+  assert list(map(id, first)) == [id(a)] and list(map(id, second)) == [id(b)]
+  del a
+  gc.collect()
+  assert len(first) == 0 and list(map(id, second)) == [id(b)]
+  del b
+  gc.collect()
+  assert len(second) == 0
+
+
+def test_cached_property_computes_once_per_instance_and_keeps_its_value_in_the_instance() -> None:
+  from rawgrad.helpers import cached_property
+
+  class Node:
+    def __init__(self, value: int):
+      self.value, self.calls = value, 0
+
+    @cached_property
+    def doubled(self) -> int:
+      """Twice the value."""
+      self.calls += 1
+      return self.value * 2
+  a, b = Node(3), Node(5)
+  assert (a.doubled, a.doubled, b.doubled) == (6, 6, 10) and (a.calls, b.calls) == (1, 1)
+  assert a.__dict__["doubled"] == 6 and isinstance(Node.doubled, cached_property)
+  assert Node.doubled.__doc__ == "Twice the value."

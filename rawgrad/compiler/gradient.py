@@ -7,6 +7,7 @@ more than once. The result is an ordinary lazy graph: it fuses and schedules lik
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Callable
 
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
@@ -134,11 +135,20 @@ def remember_origin(view: UOp, graph: UOp) -> None:
   lives on the view, as long as it: it reaches the views of earlier results, and in a table keyed weakly by view each
   entry would keep those keys alive, so a garbage collection would free such a chain one link at a time."""
   view.__dict__["autograd_origin"] = graph
+  _views_with_origin.add(view)
 
 
 def autograd_origin(view: UOp) -> UOp | None:
   """The graph a realized buffer view was computed from, where remember_origin kept it."""
   return view.__dict__.get("autograd_origin")
+
+
+def any_origin_remembered() -> bool:
+  """Whether a live view has a remembered graph: where none has, no graph reaches one (most eager realizes)."""
+  return len(_views_with_origin) > 0
+
+
+_views_with_origin: weakref.WeakSet[UOp] = weakref.WeakSet()  # nodes compare by identity: a WeakSet fits
 
 
 def expand_realized(root: UOp) -> tuple[UOp, dict[UOp, UOp]]:

@@ -1,7 +1,6 @@
 """The one IR: immutable, hash-consed `UOp(op, dtype, src, arg, tag)` nodes and their derived properties."""
 from __future__ import annotations
 
-import functools
 import hashlib
 import math
 import weakref
@@ -10,6 +9,7 @@ from typing import Any, Callable, Iterator
 
 from rawgrad.dtype import AnyDType, DType, PtrDType, dtypes, truncate
 from rawgrad.errors import ShapeError
+from rawgrad.helpers import cached_property
 
 
 class Ops(Enum):
@@ -118,33 +118,41 @@ def arg_key(arg: Any) -> Any:
   return arg
 
 
+_KEYED_ARGS = (float, bool, tuple)  # the arg types arg_key changes (the others are their own key)
+
+
 class UOpMetaClass(type):
   """Hash-consing: constructing a node equal to a live one returns the live one. The cache holds nodes weakly,
   so a node nobody references is freed."""
   # key -> weak reference to the live node; an entry removes itself when its node dies (a plain dict of weak
   # references: every node construction looks here, and WeakValueDictionary's Python-level get is slow)
-  cache: dict[tuple, weakref.ref] = {}
+  cache: dict[tuple, _CacheReference] = {}
 
   def __call__(cls, op: Ops, dtype: AnyDType = dtypes.void, src: tuple[UOp, ...] = (), arg: Any = None,
                tag: Any = None) -> UOp:
     if type(src) is not tuple: src = tuple(src)
     # sources by id: a key holding them would keep them alive until their user's entry goes, so a graph with cached
     # toposorts (cycles) would be freed one layer per gc pass. The ids stay unique while the cached user lives.
-    key = (op, dtype, tuple(map(id, src)), arg_key(arg), tag)
+    key = (op, dtype, tuple(map(id, src)), arg_key(arg) if type(arg) in _KEYED_ARGS else arg, tag)
     try:
       found = UOpMetaClass.cache.get(key)
     except TypeError as error:
       raise TypeError(f"UOp arg must be hashable, got {type(arg).__name__} {arg!r} for {op}") from error
     if found is not None and (hit := found()) is not None: return hit
     node = super().__call__(op, dtype, src, arg, tag)
-    UOpMetaClass.cache[key] = weakref.ref(node, _forget(key))
+    reference = UOpMetaClass.cache[key] = _CacheReference(node, _forget)
+    reference.key = key
     return node
 
 
-def _forget(key: tuple) -> Callable[[weakref.ref], None]:
-  def remove(reference: weakref.ref) -> None:
-    if UOpMetaClass.cache.get(key) is reference: del UOpMetaClass.cache[key]
-  return remove
+class _CacheReference(weakref.ref):
+  """The cache's weak reference to a node, carrying the node's key: one callback serves every entry (no closure is
+  made per node built)."""
+  __slots__ = ("key",)
+
+
+def _forget(reference: _CacheReference) -> None:
+  if UOpMetaClass.cache.get(reference.key) is reference: del UOpMetaClass.cache[reference.key]
 
 
 class MathMixin:
@@ -268,14 +276,14 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** graph traversal ***
 
-  @functools.cached_property
+  @cached_property
   def local_key(self) -> tuple:
     """The node without its sources, for keys of a graph's structure: (op, dtype, arg, tag), the arg by arg_key (0.0
     is not -0.0), and left out where it names an instance rather than a structure: a UNIQUE's id, a bound value."""
     instance = self.op is Ops.UNIQUE or (self.op is Ops.CONST and self.tag == BOUND)
     return (self.op, self.dtype, None if instance else arg_key(self.arg), self.tag)
 
-  @functools.cached_property
+  @cached_property
   def toposort(self) -> dict[UOp, None]:
     """Every node reachable from this one, sources before their users (this node last)."""
     order: dict[UOp, None] = {}
@@ -309,14 +317,14 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
       if not barrier(node): stack.extend(node.src)
     return list(seen)
 
-  @functools.cached_property
+  @cached_property
   def order_key(self) -> tuple:
     """An order on nodes that is stable across runs: canonical operand order sorts by it. Op and arg first, so
     ranges sort by axis and variables by name; then a digest of the whole subgraph, so the key has a fixed size
     however deep (or however shared) the graph is."""
     return (self.op.value, repr(self.arg), self.digest)
 
-  @functools.cached_property
+  @cached_property
   def digest(self) -> bytes:
     """A stable fingerprint of the subgraph: op, dtype, arg, tag and the sources' digests."""
     # sources first, iteratively (deep graphs would overflow a recursive definition), not entering sources that have
@@ -334,7 +342,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
       node.__dict__["digest"] = fingerprint.digest()
     return self.__dict__["digest"]
 
-  @functools.cached_property
+  @cached_property
   def device(self) -> str:
     """The device a tensor-level node lives on: a COPY's target, else its first source's that has one. Taken from
     the sources' cached devices where they are known (a new node on a large graph costs nothing), else by one walk
@@ -355,7 +363,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** shapes of tensor-level nodes ***
 
-  @functools.cached_property
+  @cached_property
   def shape(self) -> tuple | None:
     """The shape of a tensor-level node (sizes are ints or symbolic UOps), None for kernel-level nodes."""
     return _shape(self)
@@ -422,7 +430,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
 
   # *** value bounds ***
 
-  @functools.cached_property
+  @cached_property
   def _min_max(self) -> tuple[Any, Any]:
     _bounds_of_sources_first(self)
     low, high = _bounds(self)

@@ -95,15 +95,16 @@ def run_schedule(items: list[ScheduleItem], compiler: KernelCompiler | None = No
     with KernelCompiler() as compiler: return run_schedule(items, compiler, timed)
   for item in items: compiler.start(item_device(item), item.ast)
   if timed is None: timed = DEBUG >= 2 or bool(PROFILE)
+  capture = capturing()
   for item in items:
     buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
     if item.ast.op is Ops.COPY:
-      if (capture := capturing()) is not None: capture.items.append(CapturedCopy(buffers[0], buffers[1]))
+      if capture is not None: capture.items.append(CapturedCopy(buffers[0], buffers[1]))
       copy_buffer(buffers[0], buffers[1])
       continue
     runner = compiler.runner(item_device(item), item.ast)
     var_values = dict(item.var_values)
-    if (capture := capturing()) is not None:
+    if capture is not None:
       capture.items.append(CapturedKernel(runner, buffers, var_values, item.dims, item.operations, item.outputs))
     times = runner(buffers, var_values, timed)
     cost = runner.cost(var_values)

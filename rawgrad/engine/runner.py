@@ -38,6 +38,7 @@ class CompiledRunner:
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
   costs: LRUCache[tuple, KernelCost] = field(default_factory=lambda: LRUCache(COSTS_PER_RUNNER))
   table: ArgumentTable | None = None  # the argument table launches use (not a jit capture's)
+  fixed_cost: KernelCost | None = None  # the cost, where no variable is a size
 
   @property
   def program(self) -> list[UOp]:
@@ -56,6 +57,9 @@ class CompiledRunner:
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
     """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
     time would put the whole program on the launch path)."""
+    if not self.size_variables:  # one cost whatever the values
+      if self.fixed_cost is None: self.fixed_cost = estimate_cost(self.program, var_values)
+      return self.fixed_cost
     key = tuple(var_values[v] for v in self.size_variables)
     if (cost := self.costs.get(key)) is None: cost = self.costs.put(key, estimate_cost(self.program, var_values))
     return cost
@@ -65,9 +69,18 @@ class CompiledRunner:
     are the argument block, or the argument table of a program that has one."""
     return [buffers[i].address for i in self.buffer_slots] + [variable_slot(v, var_values[v]) for v in self.variables]
 
+  @functools.cached_property
+  def fixed_dims(self) -> tuple[tuple[int, int, int], tuple[int, int, int]] | None:
+    """The launch dimensions where no variable changes them (every CPU kernel: its slices are fixed)."""
+    if not self.lowered.target.is_gpu: return (self.cores, 1, 1), (1, 1, 1)
+    return None if self.variables else self._evaluated_dims({})
+
   def launch_dims(self, var_values: dict[UOp, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     """Blocks and threads per block (CPU: slices of the parallel loop, one thread)."""
-    if not self.lowered.target.is_gpu: return (self.cores, 1, 1), (1, 1, 1)
+    if (dims := self.fixed_dims) is not None: return dims
+    return self._evaluated_dims(var_values)
+
+  def _evaluated_dims(self, var_values: dict[UOp, int]) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
     values = {v: var_values[v] for v in self.variables}
     size = lambda exprs: tuple(int(evaluate(e, values)) for e in exprs)  # noqa: E731
     return size(self.lowered.global_size), size(self.lowered.local_size)  # type: ignore[return-value]

@@ -29,6 +29,7 @@ _op_of = operator.attrgetter("op")
 
 @dataclass(frozen=True)
 class _Template:
+  key: tuple | bytes                       # the structure it was made for (the cache is keyed by its hash)
   items: tuple[ScheduleItem, ...]          # buffers are placeholders; var_values hold the first graph's values
   bound_at: tuple[tuple[tuple[UOp, int], ...], ...]  # per item: (variable, position of the BIND it takes its value)
   inputs: tuple[tuple[int, UOp], ...]      # (position in the graph, placeholder) of each buffer the graph names
@@ -36,7 +37,9 @@ class _Template:
   becomes: tuple[tuple[int, UOp], ...]     # (position of a node, its view in placeholders)
 
 
-_templates: LRUCache[tuple | bytes, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
+# keyed by the structure key's hash, computed once per lookup (a tuple's is not cached, and a dict lookup and the
+# LRU's move each hash their key); a template made for another key of the same hash is a miss
+_templates: LRUCache[int, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
 stats = {"hits": 0, "misses": 0}
 
 
@@ -44,15 +47,21 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   """create_schedule(outputs, on_kernel), from a template when a graph of the same shape was scheduled before (then
   no kernel is built, and on_kernel is not called)."""
   if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
-  nodes = list(UOp.sink(*outputs).toposort)
-  key = _structure_key(nodes)
+  graph = UOp.sink(*outputs)
+  nodes = list(graph.toposort)
+  # a graph's key is a function of the graph alone: kept on its root, like its toposort, for a realize of the same
+  # graph again (its nodes alive: held, or not collected yet)
+  if (keyed := graph.__dict__.get("structure_key")) is None:
+    key = _structure_key(nodes)
+    keyed = graph.__dict__["structure_key"] = (key, None if key is None else hash(key))
+  key, key_hash = keyed
   if key is None: return create_schedule(outputs, on_kernel)
-  if (template := _templates.get(key)) is not None:
+  if (template := _templates.get(key_hash)) is not None and template.key == key:
     stats["hits"] += 1
     return _fill(template, nodes)
   stats["misses"] += 1
   schedule = create_schedule(outputs, on_kernel)
-  if (template := _make_template(schedule, nodes)) is not None: _templates.put(key, template)
+  if (template := _make_template(key, schedule, nodes)) is not None: _templates.put(key_hash, template)
   return schedule
 
 
@@ -73,7 +82,7 @@ def _placeholder(buffer: UOp) -> UOp:
   return buffer.replace(src=(UOp(Ops.UNIQUE, arg=("placeholder", unique_id())), *buffer.src[1:]))
 
 
-def _make_template(schedule: Schedule, nodes: list[UOp]) -> _Template | None:
+def _make_template(key: tuple | bytes, schedule: Schedule, nodes: list[UOp]) -> _Template | None:
   position = {node: i for i, node in enumerate(nodes)}
   inputs = {node: _placeholder(node) for node in nodes if node.op is Ops.BUFFER}
   fresh: dict[UOp, UOp] = {}
@@ -94,7 +103,7 @@ def _make_template(schedule: Schedule, nodes: list[UOp]) -> _Template | None:
     if any(leaf not in placeholders for leaf in view.toposort if leaf.op in (Ops.BUFFER, Ops.BIND)): return None
     becomes.append((position[node], substitute(view, placeholders)))
   named = tuple((position[node], placeholder) for node, placeholder in inputs.items())
-  return _Template(tuple(items), tuple(bound_at), named, tuple(fresh.values()), tuple(becomes))
+  return _Template(key, tuple(items), tuple(bound_at), named, tuple(fresh.values()), tuple(becomes))
 
 
 def _fill(template: _Template, nodes: list[UOp]) -> Schedule:

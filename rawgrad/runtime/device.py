@@ -154,8 +154,9 @@ class Buffer:
     if self._raw is None:
       if self.base is not None: self._raw = self.base.raw.view(self.offset, self.nbytes)
       else:
-        self._raw = self.allocator.alloc(max(self.nbytes, 1))
-        GlobalCounters.track_memory(max(self.nbytes, 1))
+        nbytes = max(self.nbytes, 1)
+        self._raw = self.allocator.alloc(nbytes)
+        GlobalCounters.track_memory(nbytes)
       if self._initial is not None:
         self.copyin(memoryview(self._initial.reshape(-1).view(np.uint8)))
         self._initial = None
@@ -192,8 +193,9 @@ class Buffer:
   def __del__(self) -> None:
     if getattr(self, "_raw", None) is not None and self.base is None:
       try:
-        GlobalCounters.track_memory(-max(self.nbytes, 1))
-        self.allocator.free(self._raw, max(self.nbytes, 1))
+        nbytes = max(self.nbytes, 1)
+        GlobalCounters.track_memory(-nbytes)
+        self.allocator.free(self._raw, nbytes)
       except Exception:  # noqa: BLE001 - at interpreter exit the device may already be gone
         pass
 

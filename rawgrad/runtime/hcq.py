@@ -152,6 +152,10 @@ class HostRing:
     self.offset = 0
 
   def alloc(self, nbytes: int, alignment: int = 64) -> DeviceMemory:
+    return self.memory.view(self.reserve(nbytes, alignment), nbytes)
+
+  def reserve(self, nbytes: int, alignment: int = 64) -> int:
+    """The offset in the ring of a new block of `nbytes` (alloc without making a view of it: a launch's path)."""
     if nbytes > self.memory.nbytes:
       raise ValueError(f"{nbytes} bytes do not fit in the {self.name} ring of {self.memory.nbytes} bytes")
     start = round_up(self.offset, alignment)
@@ -159,7 +163,7 @@ class HostRing:
       self.device.timeline_signal.wait(self.device.timeline_value)
       start = 0
     self.offset = start + nbytes
-    return self.memory.view(start, nbytes)
+    return start
 
 
 # *** devices ***

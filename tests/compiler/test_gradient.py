@@ -33,6 +33,16 @@ def test_gradient_reads_realized_values_from_their_buffers() -> None:
   np.testing.assert_allclose(grad.numpy(), 6 * np.exp(6 * a), rtol=1e-5)
 
 
+def test_a_realize_with_no_parameter_alive_keeps_the_graph_through_remembered_values() -> None:
+  x = Tensor(a, requires_grad=True)
+  hidden = (x * 3).realize()       # remembers the graph it came from
+  x.requires_grad = False          # no tensor requires a gradient while the next one is realized
+  out = (hidden * hidden).realize()
+  x.requires_grad = True
+  (grad,) = out.sum().gradient(x)
+  np.testing.assert_allclose(grad.numpy(), 18 * a, rtol=1e-5)
+
+
 def test_detach_stops_the_gradient() -> None:
   x = Tensor(a, requires_grad=True)
   (grad,) = (x * x.detach()).sum().gradient(x)

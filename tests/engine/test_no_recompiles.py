@@ -158,3 +158,36 @@ def test_a_repeated_realize_reads_the_buffers_assigned_in_between() -> None:
     x.assign(x + 1).realize()
     seen.append((x * 10).realize())
   for i, result in enumerate(seen): np.testing.assert_array_equal(result.numpy(), np.full(8, 10.0 * (i + 1)))
+
+
+def test_a_template_found_by_the_hash_of_another_structure_is_not_used() -> None:
+  from rawgrad.compiler.ir import UOp
+  a, b = Tensor(np.arange(6, dtype=np.float32)), Tensor(np.ones((2, 3), np.float32))
+  np.testing.assert_array_equal((a * 2).numpy(), np.arange(6) * 2)
+  doubled = a * 2
+  template = schedule_cache._templates.get(hash(schedule_cache._structure_key(list(UOp.sink(doubled.uop).toposort))))
+  assert template is not None
+  summed = b.sum(axis=1)
+  # the reduce's structure now finds the multiply's template, as a collision of the two hashes would
+  schedule_cache._templates.put(hash(schedule_cache._structure_key(list(UOp.sink(summed.uop).toposort))), template)
+  misses = schedule_cache.stats["misses"]
+  np.testing.assert_array_equal(summed.numpy(), [3, 3])
+  assert schedule_cache.stats["misses"] == misses + 1
+
+
+def test_a_graph_realized_again_is_keyed_once_and_still_gets_a_fresh_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+  from rawgrad.compiler.rangeify import buffer_base
+  x = Tensor(np.arange(16, dtype=np.float32)).realize()
+  held = x * 2 + 1   # holds the graph: building it again makes the same nodes
+  (x * 2 + 1).realize()
+  keyed = []
+  original = schedule_cache._structure_key
+  monkeypatch.setattr(schedule_cache, "_structure_key", lambda nodes: keyed.append(1) or original(nodes))
+  results = [(x * 2 + 1).realize() for _ in range(3)]
+  assert keyed == []  # the key was kept on the graph's root
+  assert len({id(buffer_base(result.uop)) for result in results}) == 3
+  for result in results: np.testing.assert_array_equal(result.numpy(), np.arange(16) * 2 + 1)
+  x.assign(x + 100).realize()
+  np.testing.assert_array_equal((x * 2 + 1).numpy(), (np.arange(16) + 100) * 2 + 1)
+  # the first realize of its graph computed it too, before the assign (as PyTorch's eager value would be)
+  np.testing.assert_array_equal(held.numpy(), np.arange(16) * 2 + 1)

@@ -18,6 +18,7 @@ from rawgrad.runtime.hcq import COMPUTE, SIGNAL_BYTES, DeviceFault, DeviceMemory
 
 ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
 LAUNCH_WORDS = 8  # an untimed launch's commands: EXEC (4 words), the timeline's SIGNAL (3), one word to align the args
+EXEC, SIGNAL = int(Op.EXEC), int(Op.SIGNAL)  # as plain ints: numpy converts an IntEnum member through a Python call
 
 
 def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
@@ -52,6 +53,7 @@ class CPUDevice(HCQDevice):
     target = host_target()
     super().__init__(name, target, CPUAllocator(), LLVMCompiler(target), LLVMRenderer(target), CPUKernel)
     self._runtime: NativeRuntime | None = None
+    self.kernargs_words = self.kernargs.memory.host.view(np.uint64)  # the argument ring, for launches to write
     start_native_compile()  # the first kernel launch needs it
 
   @property
@@ -93,11 +95,12 @@ class CPUDevice(HCQDevice):
     buffer for each launch (the eager launch path)."""
     if timed: return super().launch(program, args, global_size, local_size, timed)
     value = self.timeline_value + 1
-    block = self.kernargs.alloc(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
-    block.host.view(np.uint64)[:] = [Op.EXEC, program.address, block.address + 8 * LAUNCH_WORDS, global_size[0],
-                                     Op.SIGNAL, self.timeline_signal.address, value, 0,
-                                     *(arg & (2**64 - 1) for arg in args)]
-    self.runtime.submit_words(block.address, LAUNCH_WORDS - 1)
+    start = self.kernargs.reserve(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
+    address = self.kernargs.memory.address + start
+    self.kernargs_words[start // 8:start // 8 + LAUNCH_WORDS + len(args)] = [
+      EXEC, program.address, address + 8 * LAUNCH_WORDS, global_size[0],
+      SIGNAL, self.timeline_signal.address, value, 0, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
+    self.runtime.submit_words(address, LAUNCH_WORDS - 1)
     self.timeline_value, self.last_engine = value, COMPUTE
     return None
 
