@@ -198,13 +198,6 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   rows_available = constant(size_of(reuse[-1])) if reuse else 1
   one_run = bool(reuse and broadcasts) and all(stride(a.index, reuse[-1]) in (0, 1) for a in broadcasts)
   amount, copies = register_block(target, vectors, rows_available, widen, one_run)
-  if one_run and rows_available and amount < rows_available < 2 * amount and rows_available % 2 and len(reuse) >= 2:
-    # a short run the registers hold neither whole nor as two equal blocks (a 5-pixel row in AVX2's 16 registers):
-    # rows from the next loop out, with up to 4 copies of the vector axis so that few rows fill the block
-    reuse, one_run = reuse[:-1], False
-    widen = unroll_amount(constant(size_of(vector_outer)), 4) if vector_outer is not None else 0
-    rows_available = constant(size_of(reuse[-1]))
-    amount, copies = register_block(target, vectors, rows_available, widen)
   if one_run and rows_available and amount >= 1:  # as many blocks as needed, all of one size (none peeled short)
     amount = -(-rows_available // -(-rows_available // amount))
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
