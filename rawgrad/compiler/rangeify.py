@@ -523,10 +523,10 @@ def _parameter(const: UOp, var_values: dict[UOp, int | float], count: Iterator[i
 
 
 def merge_loops(sink: UOp) -> UOp:
-  """Two nested loops of one REDUCE that every access walks as one loop, the
-  outer moving exactly the inner's length times as far (the rows and columns of a contiguous image), become one:
-  its vectors and register blocks then see the whole run (a 20x20 image is 400 contiguous floats, not 20 rows of
-  20 that fill 32 lanes). Loops a gate or a computed value reads stay as they are."""
+  """Two nested loops of one REDUCE that every access walks as one loop, the outer moving exactly the inner's length
+  times as far (the rows and columns of a contiguous image), become one: its vectors and register blocks then see
+  the whole run (a 20x20 image is 400 contiguous floats, not 20 rows of 20 that fill 32 lanes). Loops a gate or a
+  computed value reads stay as they are (merging them would be as right, but leave a division in the loop)."""
   while (pair := next((pair for pair in _nested_pairs(sink) if _walked_as_one(sink, *pair)), None)) is not None:
     outer, inner = pair
     size = inner.src[0].arg
