@@ -150,8 +150,11 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
   vectors = math.ceil(amount / lanes)
   if across_reduce:
     if remaining is not None:
-      # separate accumulators so consecutive additions do not wait for each other
-      plan.apply(OptOps.UNROLL, remaining, unroll_amount(constant(size_of(remaining)), max(1, 4 // vectors)))
+      # separate accumulators so consecutive additions do not wait for each other; up to twice as many when that
+      # many divide the loop (25 vectors of a 20x20 image: 5), since a share that does not divide gates every load
+      wanted, size = max(1, 4 // vectors), constant(size_of(remaining))
+      dividing = next((n for n in range(wanted, 2 * wanted + 1) if size and size % n == 0 and n > 1), None)
+      plan.apply(OptOps.UNROLL, remaining, dividing or unroll_amount(size, wanted))
     return
   if plan.reduce_loops: _block_registers(plan, remaining, vectors, target)
 

@@ -52,6 +52,12 @@ def test_a_sum_over_rows_vectorizes_the_reduce_loop_with_separate_accumulators()
   assert opts[:2] == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 4)]
 
 
+def test_a_sum_over_rows_takes_accumulators_that_divide_its_vectors() -> None:
+  """25 vectors per row: 5 accumulators, not 4 (which would leave every load of the loop gated)."""
+  opts = hand_coded_opts(_ast(Tensor.empty(64, 200).sum(1)), AVX2)
+  assert opts[:2] == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UNROLL, 1, 5)]
+
+
 def test_a_full_reduction_is_grouped_across_cores() -> None:
   opts = hand_coded_opts(_ast(Tensor.empty(1 << 20).sum()), AVX2)
   assert opts[-1].op is OptOps.GROUP and OptOps.PARALLEL not in _ops(opts)
