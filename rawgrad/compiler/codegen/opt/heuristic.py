@@ -204,7 +204,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   if one_run and rows_available and amount >= 1:  # as many blocks as needed, all of one size (none peeled short)
     amount = -(-rows_available // -(-rows_available // amount))
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
-  loops_before = len(plan.loops)
+  loops_before, outputs_before = len(plan.loops), plan.output_loops
   # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
   if reuse and amount >= 2:
     rows_position = plan.loops.index(reuse[-1])
@@ -213,9 +213,14 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
       vector_position -= 1
   if vector_position is not None and copies >= 2: plan.apply(OptOps.UNROLL, plan.loops[vector_position], copies)
   if one_run and amount == rows_available and len(reuse) >= 2:
-    # the whole row fits with registers to spare (a 5x5 kernel's width): rows from the next loop out fill them
+    # the whole row fits with registers to spare (a 5x5 kernel's width): rows from the next loop out fill them, as a
+    # matmul's rows do (LLVM loads their broadcasts next to the multiply-adds)
     columns = vectors * max(copies, 1)
-    _unroll_spare_rows(plan, reuse[:-1], ((target.vector_registers - columns) // (columns + 1)) // amount)
+    # the unrolls renumbered the loops: the ones still there are the same loops in the same order
+    still = [r for r in outputs_before if r is not reuse[-1] and not (r is vector_outer and copies == size_of(r))]
+    now = dict(zip(still, plan.output_loops)) if len(still) == len(plan.output_loops) else {}
+    _unroll_spare_rows(plan, [now[r] for r in reuse[:-1] if r in now],
+                       (target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns // amount)
 
 
 def _unroll_spare_rows(plan: Planner, loops: list[UOp], spare: int) -> None:
