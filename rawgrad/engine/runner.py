@@ -38,7 +38,6 @@ class CompiledRunner:
   cores: int = 1                  # CPU: slices of the parallel loop a launch runs
   costs: LRUCache[tuple, KernelCost] = field(default_factory=lambda: LRUCache(COSTS_PER_RUNNER))
   table: ArgumentTable | None = None  # the argument table launches use (not a jit capture's)
-  fixed_cost: KernelCost | None = None  # the cost, where no variable is a size
 
   @property
   def program(self) -> list[UOp]:
@@ -57,9 +56,6 @@ class CompiledRunner:
   def cost(self, var_values: dict[UOp, int]) -> KernelCost:
     """Operations and bytes for these variable values; remembered, as every launch asks (walking the program each
     time would put the whole program on the launch path)."""
-    if not self.size_variables:  # one cost whatever the values
-      if self.fixed_cost is None: self.fixed_cost = estimate_cost(self.program, var_values)
-      return self.fixed_cost
     key = tuple(var_values[v] for v in self.size_variables)
     if (cost := self.costs.get(key)) is None: cost = self.costs.put(key, estimate_cost(self.program, var_values))
     return cost

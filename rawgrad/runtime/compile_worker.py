@@ -170,8 +170,8 @@ class CompileWorker:
       reply = None
     if reply is None:
       ended = self._ended()
-      raise (LLVMAborted if ended == "killed by SIGABRT" else WorkerFailed)(
-        f"{self} died while compiling {name or 'a kernel'}: {ended}")
+      aborted = self.process.returncode == -signal.SIGABRT
+      raise (LLVMAborted if aborted else WorkerFailed)(f"{self} died while compiling {name or 'a kernel'}: {ended}")
     if reply[:1] == b"O": return reply[1:]
     raise CompileError(reply[1:].decode())
 

@@ -14,10 +14,10 @@ unrolled or vectorized is left alone, as is every reduction that is not a sum.
 """
 from __future__ import annotations
 
-from rawgrad.compiler.codegen.opt.kernel import LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses
+from rawgrad.compiler.codegen.opt.kernel import LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses, stride
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.compiler.symbolic import simplify, sum_terms
+from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import dtypes
 
 TRUE = UOp.const(dtypes.bool, True)
@@ -91,6 +91,7 @@ def _bounds(condition: UOp, loop: UOp, outer: set[UOp]) -> tuple[UOp, UOp, list[
     if rest is None or compare.src[1].op is not Ops.CONST: continue
     # loop + rest < c  <=>  loop < c - rest;  not (loop + rest < c)  <=>  loop >= c - rest
     bound = simplify(compare.src[1] - rest)
+    if loop in bound.toposort: continue  # the loop's terms did not cancel: no bound of it
     if negated: low = bound if low is None else low.maximum(bound)
     else: high = bound if high is None else high.minimum(bound)
     used.append(clause)
@@ -98,14 +99,9 @@ def _bounds(condition: UOp, loop: UOp, outer: set[UOp]) -> tuple[UOp, UOp, list[
 
 
 def _rest_without(expression: UOp, loop: UOp, outer: set[UOp]) -> UOp | None:
-  """expression - loop, when the expression is loop plus terms of loops opened before it (output loops, and the
-  REDUCE's loops in `outer`) and constants; None otherwise."""
-  along, rest = 0, UOp.const(dtypes.index, 0)
-  for coefficient, term in sum_terms(expression):
-    if term is loop:
-      along += coefficient
-      continue
-    if term is not None and any(r.op is Ops.RANGE and (r is loop or (r not in outer and range_kind(r) not in OPENED))
-                                for r in term.toposort): return None
-    rest = rest + (UOp.const(dtypes.index, coefficient) if term is None else term * coefficient)
-  return rest if along == 1 else None
+  """expression - loop, when the expression moves by 1 with the loop and otherwise reads only loops opened before it
+  (output loops, and the REDUCE's loops in `outer`); None otherwise."""
+  if stride(expression, loop) != 1: return None
+  if any(r.op is Ops.RANGE and r is not loop and r not in outer and range_kind(r) not in OPENED
+         for r in expression.toposort): return None
+  return expression - loop
