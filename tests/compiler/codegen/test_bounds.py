@@ -52,3 +52,22 @@ def test_a_sum_whose_terms_are_not_zero_in_the_padding_keeps_its_loop() -> None:
   windows = np.lib.stride_tricks.sliding_window_view(np.pad(x, ((0, 0), (0, 0), (1, 1), (0, 0))) + 1, (3, 1),
                                                      axis=(2, 3))
   np.testing.assert_allclose(run_item(item, []).reshape(1, 2, 5, 5), windows.mean((-1, -2)), rtol=1e-5)
+
+
+def test_an_input_gradient_loops_over_the_pixels_inside_the_output_gradient() -> None:
+  """The output gradient, read channels last, is padded by a view on all sides (the kernel's size less one): each of
+  the window's loops gets its bounds, whatever the opts (the heuristics' blocks take images, not pixels)."""
+  x = rng.standard_normal((4, 16, 7, 6)).astype(np.float32)
+  w = rng.standard_normal((16, 16, 3, 2)).astype(np.float32)
+  gradient = rng.standard_normal((4, 16, 5, 5)).astype(np.float32)
+  source = Tensor(x)
+  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  expected = _conv(np.pad(gradient, ((0, 0), (0, 0), (2, 2), (1, 1))), w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 0)
+  for opts in ([], hand_coded_opts(item.ast)):
+    bounded = bound_gated_loops(apply_opts(item.ast, opts))
+    assert len(_variable_loops(bounded)) == 2, opts
+    reduction = next(node for node in bounded.toposort if node.op is Ops.REDUCE)
+    assert not any(node.op is Ops.INDEX and len(node.src) == 3 for node in reduction.toposort), opts
+    for cores in (1, 3):
+      np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4,
+                                 atol=1e-4, err_msg=f"opts {opts}")

@@ -7,7 +7,9 @@
    vector axis itself once more (each broadcast scalar then feeds two vectors). The block's shape comes from the
    target: its accumulators, loaded vectors and broadcasts fit the vector registers, its rows (streams through memory
    that may share one L1 set) the L1 cache's ways, and among the shapes that fit, one with enough accumulators to keep
-   the FMA units busy (units x latency) that loads the least per multiply-add.
+   the FMA units busy (units x latency) that loads the least per multiply-add. When the rows' loop is compared with
+   a reduce loop in a gate (pixels of a padded window), the rows are images instead, so every window loop can be
+   bounded to the image.
 3. Separate accumulators for a reduction along the vector axis (sums over rows), so additions do not wait on each
    other.
 4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
@@ -114,13 +116,16 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, lanes: int, stage_byt
   chosen_fill = _lane_fill(constant(size_of(chosen)), lanes) if chosen is not None else 0.0
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   best: list = []
+  best_bytes = 0  # packed; of two axes that fill the lanes as well, the one that packs less (weights, not images)
   # vectors that slide by part of a vector from one reduce iteration to the next (a convolution's window moving one
-  # pixel) mostly straddle two cache lines: an axis that fills as well is better then
-  best_fill = chosen_fill * (1.0 if _sliding(plan, chosen, loads, lanes) else PACKED_BETTER_FILL)
+  # pixel) mostly straddle two cache lines, and a load that jumps along the chosen axis is gathered lane by lane (an
+  # output gradient with its channels last): an axis that fills as well is better then
+  costly = chosen is not None and (_sliding(plan, chosen, loads, lanes) or
+                                   any(stride(a.index, chosen) not in (0, 1) for a in loads))
+  best_fill = chosen_fill * (1.0 if costly else PACKED_BETTER_FILL)
   for r in plan.output_loops:
     if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) < best_fill or fill == 0: continue
-    if fill == best_fill and best: continue
-    packs = []
+    packs, packed_bytes = [], 0
     for access in loads:
       if (jump := stride(access.index, r)) in (0, 1): continue
       others = [o for o in plan.output_loops if o is not r and constant(size_of(o)) not in (None, 1)]
@@ -128,8 +133,10 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, lanes: int, stage_byt
       read = [constant(size_of(loop)) for loop in plan.loops if stride(access.index, loop) != 0]
       if None in read or access.itemsize * math.prod(read) > stage_bytes: break
       packs.append(access.buffer)
+      packed_bytes += access.itemsize * math.prod(read)
     else:
-      if packs: best, best_fill = [r, *sorted(set(packs))], fill
+      if packs and (not best or fill > best_fill or packed_bytes < best_bytes):
+        best, best_fill, best_bytes = [r, *sorted(set(packs))], fill, packed_bytes
   return best
 
 
@@ -191,6 +198,13 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   vector_loads = [a for a in loads if plan.uses_lanes(a.index)]
   reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
            and constant(size_of(r)) != 1]
+  # rows along a padded window's loop (a convolution's columns x[x' + kx - p]) would each need their own bound of the
+  # window: rows along a loop no gate compares (the batch's images) let bound_gated_loops cut every window loop to
+  # the image, so no padding needs a buffer
+  window_gated = _window_gated(plan)
+  if reuse and reuse[-1] in window_gated and (free := [r for r in reuse if r not in window_gated]):
+    reuse = [r for r in reuse if r is not free[-1]] + free[-1:]
+  else: window_gated = set()
   if not reuse and vector_outer is not None and _jumps(plan, vector_loads):
     # nothing to reuse (a sum over columns): read longer runs of each row before jumping to the next
     free = (target.vector_registers - BROADCASTS_IN_FLIGHT) // vectors
@@ -203,6 +217,8 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   amount, copies = register_block(target, vectors, rows_available, widen, one_run)
   if one_run and rows_available and amount >= 1:  # as many blocks as needed, all of one size (none peeled short)
     amount = -(-rows_available // -(-rows_available // amount))
+  if window_gated and rows_available:  # images: a shorter last block peeled off costs more than smaller blocks
+    amount = next(n for n in range(amount, 0, -1) if rows_available % n == 0)
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
   loops_before, outputs_before = len(plan.loops), plan.output_loops
   # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
@@ -221,6 +237,15 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     now = dict(zip(still, plan.output_loops)) if len(still) == len(plan.output_loops) else {}
     _unroll_spare_rows(plan, [now[r] for r in reuse[:-1] if r in now],
                        (target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns // amount)
+
+
+def _window_gated(plan: Planner) -> set[UOp]:
+  """The output loops some comparison adds to a reduce loop: a padded window's gate `0 <= y + ky - p < h`."""
+  reduced, found = set(plan.reduce_loops), set()
+  for node in plan.ast.toposort:
+    if node.op is Ops.CMPLT and (ranges := {r for r in node.src[0].toposort if r.op is Ops.RANGE}) & reduced:
+      found |= ranges - reduced
+  return found
 
 
 def _unroll_spare_rows(plan: Planner, loops: list[UOp], spare: int) -> None:

@@ -136,3 +136,24 @@ def test_a_short_reduction_keeps_the_contiguous_vector_axis() -> None:
   item = create_schedule([Tensor.empty(3, 1, 8, 8).conv2d(Tensor.empty(32, 1, 3, 3)).uop]).items[-1]
   opts = hand_coded_opts(item.ast, WIDE)
   assert opts[0] == Opt(OptOps.UPCAST, 3, 8) and OptOps.LOCAL not in _ops(opts), opts
+
+
+@pytest.mark.parametrize("target", [AVX2, WIDE], ids=["avx2", "avx512"])
+def test_an_input_gradient_read_channels_last_blocks_over_the_images(target: Target) -> None:
+  """The output gradient is read where it is, channels last, its padding a view: register blocks along a row of
+  pixels would need a bound of the window's columns for each pixel, so they take images instead, as many as divide
+  the batch. With AVX2's 8 lanes the 8-pixel rows fill the vectors as well as the 16 channels do, but they would
+  gather the channels-last gradient lane by lane: the channels are the lanes."""
+  x = rng.standard_normal((8, 16, 8, 8)).astype(np.float32)
+  w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
+  gradient = rng.standard_normal((8, 16, 6, 6)).astype(np.float32)
+  source = Tensor(x)
+  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  opts = hand_coded_opts(item.ast, target)
+  lanes = target.vector_bytes // 4
+  assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and OptOps.LOCAL in _ops(opts), opts
+  assert Opt(OptOps.UNROLL, 0, 8 if target is WIDE else 4) in opts, opts
+  # the input's gradient: the output gradient convolved with the flipped kernel, in/out channels swapped
+  expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 2)
+  for cores in (1, 3):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
