@@ -205,9 +205,9 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
                                               dilation: tuple[int, ...], groups: int, name: str) -> None:
   """The rules would make the input's gradient one kernel that scatters each output gradient back through the windows:
   its loads are bounds-checked in the innermost loop (every input position sums the kernel positions that fall
-  outside the output). As a transposed convolution, the output gradient is padded into a buffer first and the kernel
-  reads it without checks (MNIST's second convolution, batch 128: 40 ms -> 14 ms). The weight's gradient: see
-  _weight_gradient."""
+  outside the output). As a transposed convolution over the output gradient, made a buffer with its channels last,
+  the window loops run over the output gradient's pixels alone (see _convolve; MNIST's second convolution, batch
+  128: 40 ms -> 14 ms with its columns' padding a buffer). The weight's gradient: see _weight_gradient."""
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
   # the transposed convolution's size is (out-1)*stride + dilation*(kernel-1) + 1; the rows past it got no window
   extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(spatial, out, stride, dilation, kernel))

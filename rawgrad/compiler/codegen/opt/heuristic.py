@@ -211,7 +211,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(LONG_RUN, free)))
     return
   broadcasts = [a for a in loads if not plan.uses_lanes(a.index)]
-  widen = unroll_amount(constant(size_of(vector_outer)), 2) if vector_outer is not None and broadcasts else 0
+  widen = _widening(constant(size_of(vector_outer))) if vector_outer is not None and broadcasts else 0
   rows_available = constant(size_of(reuse[-1])) if reuse else 1
   one_run = bool(reuse and broadcasts) and all(stride(a.index, reuse[-1]) in (0, 1) for a in broadcasts)
   amount, copies = register_block(target, vectors, rows_available, widen, one_run)
@@ -237,6 +237,12 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     now = dict(zip(still, plan.output_loops)) if len(still) == len(plan.output_loops) else {}
     _unroll_spare_rows(plan, [now[r] for r in reuse[:-1] if r in now],
                        (target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns // amount)
+
+
+def _widening(size: int | None) -> int:
+  """Copies of the vector axis in a register block: 2, or 3 when that divides its vectors and 2 does not (an AVX2
+  row of 24 floats: three copies, not two and a third peeled off)."""
+  return 3 if size is not None and size % 2 and size % 3 == 0 else unroll_amount(size, 2)
 
 
 def _window_gated(plan: Planner) -> set[UOp]:

@@ -157,3 +157,14 @@ def test_an_input_gradient_read_channels_last_blocks_over_the_images(target: Tar
   expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 2)
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_row_of_three_vectors_is_copied_whole() -> None:
+  """A single-channel convolution's 24-pixel rows are three AVX2 vectors: the block copies the vector axis three
+  times, not twice with a third copy peeled off."""
+  x = rng.standard_normal((2, 1, 28, 28)).astype(np.float32)
+  w = rng.standard_normal((8, 1, 5, 5)).astype(np.float32)
+  item = last_kernel(Tensor(x).conv2d(Tensor(w)))
+  opts = hand_coded_opts(item.ast, AVX2)
+  assert opts[0] == Opt(OptOps.UPCAST, 3, 8) and Opt(OptOps.UNROLL, 3, 3) in opts, opts
+  np.testing.assert_allclose(run_item(item, opts).reshape(2, 8, 24, 24), _conv(x, w, 0), rtol=1e-4, atol=1e-4)
