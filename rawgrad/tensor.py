@@ -232,7 +232,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     if value.device != self.device:
       raise RuntimeError(f"cannot assign a tensor on {value.device} into one on {self.device}")
     value = value.cast(self.dtype)._broadcast_to(self.shape) if value.shape != self.shape else value.cast(self.dtype)
-    if not _is_buffer_view(self.uop): self.realize()
+    if not is_buffer_view(self.uop): self.realize()
     _set_graph(self, UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop)))
     return self
 
@@ -552,7 +552,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def __setitem__(self, index: Any, value: Any) -> None:
     """Write into the elements `index` selects, in place and at once (as PyTorch does)."""
-    if not _is_buffer_view(self.uop): self.realize()
+    if not is_buffer_view(self.uop): self.realize()
     self[index].assign(value).realize()
 
   # *** reductions ***
@@ -706,7 +706,7 @@ def _unsigned(itemsize: int) -> DType:
   return {1: dtypes.uint8, 2: dtypes.uint16, 4: dtypes.uint32, 8: dtypes.uint64}[itemsize]
 
 
-def _is_buffer_view(node: UOp) -> bool:
+def is_buffer_view(node: UOp) -> bool:
   while node.op in (Ops.RESHAPE, Ops.SHRINK, Ops.PERMUTE, Ops.FLIP, Ops.PAD, Ops.ASSIGN): node = node.src[0]
   return node.op is Ops.BUFFER
 

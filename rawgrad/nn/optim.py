@@ -29,7 +29,7 @@ from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
 from rawgrad.engine.jit import capturing
 from rawgrad.helpers import LRUCache
-from rawgrad.tensor import Tensor
+from rawgrad.tensor import Tensor, is_buffer_view
 from rawgrad.tensor_jit import JitError, jit
 
 
@@ -104,6 +104,9 @@ class Optimizer:
     for param in with_grads:
       if param.grad.shape != param.shape:
         raise ValueError(f"gradient of shape {param.grad.shape} does not match parameter of shape {param.shape}")
+    # parameters still to be computed (their initialization) must be buffers before values are assigned into them:
+    # all in one schedule, whose kernels compile side by side, not one realize (and one compile wait) each
+    if pending := [p for p in with_grads if not is_buffer_view(p.uop)]: pending[0].realize(*pending[1:])
     state = self._update(with_grads, [p.grad.detach().cast(p.dtype) for p in with_grads])
     return [*with_grads, *state, *self.buffers]
 

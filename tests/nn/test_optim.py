@@ -197,6 +197,32 @@ def test_step_is_one_schedule_and_compiles_once() -> None:
   assert len(realize_module._runners) == compiled, "later steps compiled new kernels"
 
 
+def test_parameters_still_to_initialize_are_realized_together() -> None:
+  """Lazily initialized parameters become buffers in one schedule before the update is assigned into them (one
+  realize each would wait for one compile each), with the values they were initialized to."""
+  w, b = Tensor(W0.copy()) * 2, Tensor(B0.copy()) + 1
+  w.requires_grad = b.requires_grad = True
+  optimizer = SGD([w, b], lr=0.1)
+  optimizer.zero_grad()
+  loss_of(w, b).backward()
+  calls = []
+  original = tensor_module.realize_tensors
+
+  def counting(tensors: list) -> None:
+    calls.append(len(tensors))
+    original(tensors)
+  tensor_module.realize_tensors = counting
+  try:
+    pending = optimizer.schedule_step()
+  finally:
+    tensor_module.realize_tensors = original
+  assert calls == [2], calls
+  Tensor.realize(*pending)
+  grads = numpy_grads(W0.astype(np.float64) * 2, B0.astype(np.float64) + 1)
+  np.testing.assert_allclose(w.numpy(), W0 * 2 - 0.1 * grads[0], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(b.numpy(), B0 + 1 - 0.1 * grads[1], rtol=1e-5, atol=1e-6)
+
+
 def test_set_lr_changes_the_update_without_recompiling() -> None:
   history, _, _ = train(lambda ps: SGD(ps, lr=0.1), steps=1)
   w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
