@@ -47,6 +47,7 @@ GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machine
                                 # fixed, so a reduction rounds the same way on every machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
 PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
+SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
@@ -67,7 +68,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   packed = [] if across_reduce else _packed_vector_axis(plan, vector_axis, lanes, stage_bytes)
   if packed: vector_axis = packed.pop(0)
   if vector_axis is not None:
-    _vectorize(plan, vector_axis, across_reduce, lanes, target)
+    _vectorize(plan, vector_axis, across_reduce, lanes, target, work)
   staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce and not packed \
     else None
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
@@ -147,7 +148,7 @@ def _sliding(plan: Planner, axis: UOp | None, loads: list[Access], lanes: int) -
                                                for r in plan.reduce_loops) for a in loads)
 
 
-def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target: Target) -> None:
+def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target: Target, work: int | None) -> None:
   """Upcast the axis, then give the reduction its accumulators (several vectors, or register blocks)."""
   amount = vector_amount(constant(size_of(axis)), lanes)
   if amount == 0: return
@@ -163,7 +164,7 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
       dividing = next((n for n in range(wanted, 2 * wanted + 1) if size and size % n == 0 and n > 1), None)
       plan.apply(OptOps.UNROLL, remaining, dividing or unroll_amount(size, wanted))
     return
-  if plan.reduce_loops: _block_registers(plan, remaining, vectors, target)
+  if plan.reduce_loops: _block_registers(plan, remaining, vectors, target, work)
 
 
 def register_block(target: Target, vectors: int, rows_available: int | None, widen: int,
@@ -188,7 +189,7 @@ def register_block(target: Target, vectors: int, rows_available: int | None, wid
   return rows, copies
 
 
-def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, target: Target) -> None:
+def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, target: Target, work: int | None) -> None:
   """Unroll output loops so each loaded value feeds several accumulators: the output loop along which a loaded vector
   does not move (a matmul's rows: each vector of B then feeds a block of rows), and the vector axis once more when
   some load is a broadcast scalar (each broadcast then feeds two vectors), in the register_block's shape. The rows
@@ -219,6 +220,10 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     amount = -(-rows_available // -(-rows_available // amount))
   if window_gated and rows_available:  # images: a shorter last block peeled off costs more than smaller blocks
     amount = next(n for n in range(amount, 0, -1) if rows_available % n == 0)
+  elif work is not None and work < SMALL_WORK and rows_available and amount >= 2 and rows_available % amount:
+    # a shorter last block peeled off doubles the code to lower and compile, which a small kernel's run does not
+    # repay (the linear layer's input gradient, 128 rows: blocks of 8 run as fast as blocks of 12 and one of 8)
+    amount = next((n for n in range(amount, 0, -1) if rows_available % n == 0 and 3 * n >= 2 * amount), amount)
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
   loops_before, outputs_before = len(plan.loops), plan.output_loops
   # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
