@@ -167,6 +167,7 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   a view of a buffer whose channels are its innermost axis, read where it is."""
   dims = weight.ndim - 2
   kernel = tuple(weight.shape[2:])
+  unpadded = x
   # Channels last, every window reads a cache line of channels at each pixel: the padding stays a view, codegen runs
   # each window's loops only over the pixels inside the input (bound_gated_loops) and its register blocks take
   # several images. A pixel's windows of a few images then stay in the L1 cache for the next pixel, unless their
@@ -194,14 +195,15 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   summed_axes = (3, *range(4 + dims, 4 + 2 * dims))
   result = _contiguous_backward((windows * weight.reshape(1, groups, group_out, group_in, *(1,) * dims, *kernel))
                                 .sum(summed_axes).reshape(batch, out_channels, *out))
-  _input_gradient_by_transposed_convolution(result, x, weight, stride, dilation, groups, name)
+  _input_gradient_by_transposed_convolution(result, unpadded, x, weight, stride, padding, dilation, groups, name)
   if bias is None: return result
   if bias.shape != (out_channels,):
     raise ShapeError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
   return result + bias.reshape(1, out_channels, *(1,) * dims)
 
 
-def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight: Tensor, stride: tuple[int, ...],
+def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, padded: Tensor, weight: Tensor,
+                                              stride: tuple[int, ...], padding: list[tuple[int, int]],
                                               dilation: tuple[int, ...], groups: int, name: str) -> None:
   """The rules would make the input's gradient one kernel that scatters each output gradient back through the windows:
   its loads are bounds-checked in the innermost loop (every input position sums the kernel positions that fall
@@ -209,10 +211,14 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
   the window loops run over the output gradient's pixels alone (see _convolve; MNIST's second convolution, batch
   128: 40 ms -> 14 ms with its columns' padding a buffer). The weight's gradient: see _weight_gradient."""
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
-  # the transposed convolution's size is (out-1)*stride + dilation*(kernel-1) + 1; the rows past it got no window
-  extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) for i, o, s, d, k in zip(spatial, out, stride, dilation, kernel))
+  # the gradient of the input before its padding (x), not of the padded input: the transposed convolution's full
+  # size is (out-1)*stride + dilation*(kernel-1) + 1, of which it crops the padding before (its own `padding`) and
+  # after (through `extra`, which also counts the rows past the last window: they got none)
+  before = tuple(b for b, _ in padding)
+  extra = tuple(i - ((o - 1) * s + d * (k - 1) + 1) + 2 * b
+                for i, o, s, d, k, b in zip(spatial, out, stride, dilation, kernel, before))
   # UOps and the class only: the function lives on result.uop and must not keep any Tensor alive
-  tensor, source, weights = type(x), x.uop, weight.uop
+  tensor, source, windowed, weights = type(x), x.uop, padded.uop, weight.uop
 
   def gradient(node: UOp, output_gradient: UOp, wanted: set[UOp]) -> dict[UOp, UOp]:
     # the output gradient becomes one buffer, output channels last: the weight's gradient vectorizes along them
@@ -220,11 +226,11 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, weight:
     grads = {}
     if source in wanted:
       flowing = channels_last.permute(0, len(kernel) + 1, *range(1, len(kernel) + 1))
-      grads[source] = _transposed(flowing, tensor(weights), stride, dilation, (0,) * len(kernel), extra, groups,
-                                  name, channels_last=True).uop
+      grads[source] = _transposed(flowing, tensor(weights), stride, dilation, before, extra, groups, name,
+                                  channels_last=True).uop
     if weights in wanted:
-      grads[weights] = _weight_gradient(tensor(source), channels_last, tuple(tensor(weights).shape), stride, dilation,
-                                        groups).uop
+      grads[weights] = _weight_gradient(tensor(windowed), channels_last, tuple(tensor(weights).shape), stride,
+                                        dilation, groups).uop
     return grads
   set_custom_gradient(result.uop, gradient)
 

@@ -497,7 +497,7 @@ def test_conv1d_gradient(function):
 
 
 def test_conv_input_gradient_is_a_transposed_convolution():
-  """The input's gradient is computed from a copy of the output gradient padded along its rows; the padding above
+  """The input's gradient is computed from a copy of the output gradient padded along its columns; the padding above
   and below stays a view, and codegen runs each window's row loop only over the rows that exist (bounds.py): the
   kernel's program checks no bounds (the autograd rules' form checks every load; tests/compiler/codegen/test_gates.py
   keeps that form covered)."""
