@@ -517,6 +517,20 @@ def test_conv_input_gradient_is_a_transposed_convolution():
   np.testing.assert_allclose(grad_x.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_padded_convolution_computes_its_input_gradient_without_the_padding():
+  """The gradient of the input before its padding: the last kernel is the sum itself, no copy cropping a border."""
+  from rawgrad.compiler.ir import Ops
+  from rawgrad.compiler.rangeify import create_schedule
+  xs, ws, gs = data(2, 3, 7, 6, dtype="float32"), data(4, 3, 3, 3, dtype="float32"), data(2, 4, 7, 6, dtype="float32")
+  x, w = Tensor(xs), Tensor(ws)
+  grad_x, = x.conv2d(w, padding=1).gradient(x, gradient=Tensor(gs))
+  last = create_schedule([grad_x.uop]).items[-1].ast
+  assert any(node.op is Ops.REDUCE for node in last.toposort), last.arg
+  windows = np.lib.stride_tricks.sliding_window_view(np.pad(gs, ((0, 0), (0, 0), (1, 1), (1, 1))), (3, 3), axis=(2, 3))
+  expected = np.einsum("nohwij,ocij->nchw", windows, ws[:, :, ::-1, ::-1])
+  np.testing.assert_allclose(grad_x.numpy(), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_conv_weight_gradient_vectorizes_along_output_channels():
   """The weight's gradient sums into a buffer with the output channels last, so they are the vector lanes (the rules'
   form stores along the kernel's width)."""
