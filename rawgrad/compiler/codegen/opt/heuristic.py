@@ -47,6 +47,7 @@ GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machine
                                 # fixed, so a reduction rounds the same way on every machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
 PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
+SMALL_BUFFER = 32 << 10          # bytes of a parameter small enough to stay in the L1 cache while a kernel gathers it
 SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
@@ -87,16 +88,19 @@ def _output_bytes(ast: UOp) -> int:
 
 def _choose_vector_axis(plan: Planner, store: Access) -> tuple[UOp | None, bool]:
   """The loop whose iterations become vector lanes: among the output loops the store is contiguous along and the
-  reduce loops some load is contiguous along, the one that leaves the fewest accesses to gather lane by lane (ties:
-  an output loop, so no lanes need combining; then the innermost)."""
+  reduce loops some load is contiguous along, the one that leaves the fewest accesses to gather lane by lane, a
+  gather from a small buffer (a convolution's weights, which stay in the L1 cache) counting less than one from a
+  large one (ties: an output loop, so no lanes need combining; then the innermost)."""
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   inner = set(plan.reduce_loops)
   candidates = [r for r in plan.output_loops if stride(store.index, r) == 1]
   candidates += [r for r in plan.reduce_loops if any(stride(a.index, r) == 1 for a in loads)]
   if not candidates: return None, False
+  sizes = {node.arg: node.dtype.size for node in plan.ast.toposort if node.op is Ops.DEFINE_GLOBAL}
 
-  def gathered(r: UOp) -> int:
-    return sum(1 for a in loads + ([] if r in inner else [store]) if stride(a.index, r) not in (0, 1))
+  def gathered(r: UOp) -> tuple[int, int]:
+    jumping = [a for a in loads + ([] if r in inner else [store]) if stride(a.index, r) not in (0, 1)]
+    return sum(1 for a in jumping if sizes[a.buffer] * a.itemsize > SMALL_BUFFER), len(jumping)
 
   best = min(candidates, key=lambda r: (gathered(r), r in inner, -plan.loops.index(r)))
   return best, best in inner
@@ -157,6 +161,7 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
   if len(plan.opts) == count: return
   vectors = math.ceil(amount / lanes)
   if across_reduce:
+    if _rows_across(plan, remaining, vectors, target): return
     if remaining is not None:
       # separate accumulators so consecutive additions do not wait for each other; up to twice as many when that
       # many divide the loop (25 vectors of a 20x20 image: 5), since a share that does not divide gates every load
@@ -165,6 +170,31 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
       plan.apply(OptOps.UNROLL, remaining, dividing or unroll_amount(size, wanted))
     return
   if plan.reduce_loops: _block_registers(plan, remaining, vectors, target, work)
+
+
+def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Target) -> bool:
+  """A reduction vectorized along a reduce loop where some loaded vector does not move along an output loop (the
+  weights of a convolution whose channels are the lanes, a matrix-vector product's vector): unroll that output loop
+  so each such vector feeds a block of rows, each row with two accumulators (one when the loop does not divide in
+  two), as many rows as the registers hold beside those vectors. False when no load is shared so."""
+  if not _shared_rows(plan): return False
+  size = constant(size_of(remaining)) if remaining is not None else None
+  accumulators = 2 if size and size % 2 == 0 else 1
+  if accumulators == 2: plan.apply(OptOps.UNROLL, remaining, 2)
+  per_row = vectors * accumulators
+  budget = (target.vector_registers - per_row - BROADCASTS_IN_FLIGHT) // per_row
+  loop = _shared_rows(plan)[-1]  # found again: the unroll renumbered the loops
+  rows = constant(size_of(loop))
+  amount = next((n for n in range(budget, 1, -1) if rows and rows % n == 0 and 3 * n >= 2 * budget), budget)
+  if amount >= 2: plan.apply(OptOps.UNROLL, loop, unroll_amount(rows, amount))
+  return True
+
+
+def _shared_rows(plan: Planner) -> list[UOp]:
+  """The output loops along which some vector load does not move."""
+  vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
+  return [r for r in plan.output_loops if constant(size_of(r)) not in (None, 1)
+          and any(stride(a.index, r) == 0 for a in vector_loads)]
 
 
 def register_block(target: Target, vectors: int, rows_available: int | None, widen: int,

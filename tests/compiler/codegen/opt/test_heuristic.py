@@ -168,3 +168,24 @@ def test_a_row_of_three_vectors_is_copied_whole() -> None:
   opts = hand_coded_opts(item.ast, AVX2)
   assert opts[0] == Opt(OptOps.UPCAST, 3, 8) and Opt(OptOps.UNROLL, 3, 3) in opts, opts
   np.testing.assert_allclose(run_item(item, opts).reshape(2, 8, 24, 24), _conv(x, w, 0), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("target", [AVX2, WIDE], ids=["avx2", "avx512"])
+def test_a_single_channel_input_gradient_sums_the_channels_in_lanes(target: Target) -> None:
+  """The input gradient of a one-channel convolution: along the output's rows every lane would gather from the
+  channels-last output gradient; along its channels only the small weights are gathered, so the channels are the
+  lanes. The weights do not move along a row: a block of pixels shares each loaded weight vector, as many pixels as
+  the registers hold beside two accumulators each."""
+  x = rng.standard_normal((4, 1, 14, 14)).astype(np.float32)
+  w = rng.standard_normal((32, 1, 5, 5)).astype(np.float32)
+  gradient = rng.standard_normal((4, 32, 10, 10)).astype(np.float32)
+  source = Tensor(x)
+  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  opts = hand_coded_opts(item.ast, target)
+  lanes = target.vector_bytes // 4
+  assert opts[0] == Opt(OptOps.UPCAST, 3, lanes), opts  # the output gradient's channels
+  # rows of 14 pixels: (32 - 2 - 2) // 2 = 14 pixels with AVX-512; 6 with AVX2 (none from 4 to 6 divides 14)
+  assert Opt(OptOps.UNROLL, 2, 14 if target is WIDE else 6) in opts, opts
+  expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 4)
+  for cores in (1, 3):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
