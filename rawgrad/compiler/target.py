@@ -88,10 +88,9 @@ def _argument_limit(target: Target) -> Target:
 
 # *** the host CPU ***
 
-# x86 feature sets a machine can be forced to: what is switched off for each
-_AVX512 = ("avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl", "avx512ifma", "avx512vbmi", "avx512vbmi2",
-           "avx512bitalg", "avx512vnni", "avx512vpopcntdq", "avx512bf16", "avx512fp16", "avx10.1-256", "avx10.1-512",
-           "avx10.1", "evex512", "amx-tile", "amx-int8", "amx-bf16")
+# x86 feature sets a machine can be forced to: what is switched off for AVX2, every feature these begin a name of
+# (any one left on, avx512vp2intersect say, makes LLVM turn AVX-512 back on, its 32 registers and zmm instructions)
+_AVX512_PREFIXES = ("avx512", "avx10", "evex512", "amx", "egpr", "apxf")
 
 
 def _forced_features(features: dict[str, bool], isa: str) -> dict[str, bool]:
@@ -99,7 +98,7 @@ def _forced_features(features: dict[str, bool], isa: str) -> dict[str, bool]:
   if isa == "native": return features
   if isa == "avx2":
     if not features.get("avx2"): raise ValueError("CPU_ISA=avx2 needs a CPU with AVX2")
-    return {**features, **{name: False for name in _AVX512 if name in features or name.startswith("avx512")}}
+    return {name: on and not name.startswith(_AVX512_PREFIXES) for name, on in features.items()}
   if isa == "avx512":
     if not features.get("avx512f"): raise ValueError("CPU_ISA=avx512 needs a CPU with AVX-512")
     return features

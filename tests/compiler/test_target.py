@@ -46,6 +46,34 @@ def test_fma_units_follow_the_features(cpu_features, features, fma_units) -> Non
   assert host_target("native").fma_units == fma_units
 
 
+def test_forcing_avx2_switches_off_every_avx512_feature(cpu_features) -> None:
+  """Any AVX-512 feature left on (Zen 5's avx512vp2intersect, say) makes LLVM turn AVX-512 back on: zmm instructions
+  an AVX2 machine lacks, and 32 vector registers in the measurements that stand for one."""
+  cpu_features({**SAPPHIRE_RAPIDS, "avx512vp2intersect": True, "avx10.1-256": True, "amx-int8": True, "gfni": True})
+  flags = set(host_target("avx2").features.split(","))
+  assert {"-avx512vp2intersect", "-avx10.1-256", "-amx-int8", "+gfni", "+avx2"} <= flags, flags
+  assert not any(flag.startswith("+avx512") for flag in flags)
+
+
+def test_an_avx2_kernel_uses_only_avx2_registers() -> None:
+  """On this host, whatever it has: no zmm register, no ymm16-31, no mask register (EVEX) in a kernel compiled for
+  CPU_ISA=avx2."""
+  import re
+
+  from rawgrad import Tensor
+  from rawgrad.compiler.codegen.lower import lower_kernel
+  from rawgrad.compiler.rangeify import create_schedule
+  from rawgrad.compiler.render.llvmir import LLVMRenderer
+  from rawgrad.runtime.compile import LLVMCompiler
+  if not host_target("native").features.count("+avx2"): pytest.skip("the host has no AVX2")
+  target = host_target("avx2")
+  # a convolution vectorized along its output channels: its stores scatter the lanes, which LLVM shuffles
+  item = create_schedule([Tensor.empty(4, 8, 12, 12).conv2d(Tensor.empty(32, 8, 5, 5)).uop]).items[-1]
+  source = LLVMRenderer().render(item.ast.arg, lower_kernel(item.ast, None, target).program)
+  assembly = LLVMCompiler(target).assembly(source)
+  assert "ymm" in assembly and not re.search(r"zmm|ymm(1[6-9]|2\d|3[01])|%k[1-7]", assembly)
+
+
 def test_cpu_isa_in_the_environment_forces_the_feature_set(cpu_features, monkeypatch: pytest.MonkeyPatch) -> None:
   cpu_features(SAPPHIRE_RAPIDS)
   monkeypatch.setenv("CPU_ISA", "avx2")
