@@ -226,8 +226,10 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, padded:
     grads = {}
     if source in wanted:
       flowing = channels_last.permute(0, len(kernel) + 1, *range(1, len(kernel) + 1))
+      # a buffer, as the padded input's gradient was (_buffered): computed inside the kernels that read it (a
+      # ReLU's or a pooling's gradient), the sum would run again for each of them
       grads[source] = _transposed(flowing, tensor(weights), stride, dilation, before, extra, groups, name,
-                                  channels_last=True).uop
+                                  channels_last=True).contiguous().uop
     if weights in wanted:
       grads[weights] = _weight_gradient(tensor(windowed), channels_last, tuple(tensor(weights).shape), stride,
                                         dilation, groups).uop

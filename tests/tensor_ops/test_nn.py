@@ -531,6 +531,22 @@ def test_a_padded_convolution_computes_its_input_gradient_without_the_padding():
   np.testing.assert_allclose(grad_x.numpy(), expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("batch", [2, 4])  # the output gradient's padding buffered, or a view read channels last
+def test_the_input_gradient_is_a_buffer_its_readers_read(batch):
+  """Through a ReLU into an earlier convolution: the second convolution's input gradient is a buffer. Computed in
+  place of its reader (the ReLU's gradient, which also needs the first convolution's output), one kernel would nest
+  the two convolutions' sums."""
+  from rawgrad.compiler.ir import Ops
+  from rawgrad.compiler.rangeify import create_schedule
+  x, b = Tensor(data(batch, 16, 8, 8, dtype="float32")), Tensor(data(16, dtype="float32"))
+  w1, w2 = Tensor(data(16, 16, 3, 3, dtype="float32")), Tensor(data(16, 16, 3, 3, dtype="float32"))
+  y = (x.conv2d(w1) + b.reshape(1, 16, 1, 1)).relu().conv2d(w2)
+  grad_x, grad_b = y.gradient(x, b, gradient=Tensor(data(batch, 16, 4, 4, dtype="float32")))
+  sums = [sum(node.op is Ops.REDUCE for node in item.ast.toposort) for item in create_schedule([grad_x.uop,
+                                                                                             grad_b.uop]).items]
+  assert max(sums) == 1, sums
+
+
 def test_conv_weight_gradient_vectorizes_along_output_channels():
   """The weight's gradient sums into a buffer with the output channels last, so they are the vector lanes (the rules'
   form stores along the kernel's width)."""
