@@ -189,3 +189,17 @@ def test_a_single_channel_input_gradient_sums_the_channels_in_lanes(target: Targ
   expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 4)
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_convolution_blocks_image_rows_when_its_window_limits_a_row_of_pixels() -> None:
+  """A 5-wide window slides along 20 pixels: LLVM unrolls the window and keeps every broadcast of a row block live,
+  which AVX2's 16 registers hold for 4 pixels x 2 vectors (8 accumulators). 5 image rows x 2 vectors (10) make the
+  better block there; AVX-512's 10 pixels x 2 vectors are as good as any, and stay."""
+  x = rng.standard_normal((2, 32, 24, 24)).astype(np.float32)
+  w = rng.standard_normal((32, 32, 5, 5)).astype(np.float32)
+  item = last_kernel(Tensor(x).conv2d(Tensor(w)))
+  narrow, wide = hand_coded_opts(item.ast, AVX2), hand_coded_opts(item.ast, WIDE)
+  assert Opt(OptOps.UNROLL, 2, 5) in narrow and Opt(OptOps.UNROLL, 1, 2) in narrow, narrow
+  assert Opt(OptOps.UNROLL, 3, 10) in wide, wide
+  expected = _conv(x, w, 0)
+  np.testing.assert_allclose(run_item(item, narrow, 2).reshape(expected.shape), expected, rtol=1e-3, atol=1e-3)
