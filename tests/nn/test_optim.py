@@ -2,7 +2,8 @@
 least-squares problem. The gradients come from rawgrad's autograd; the references get them in closed form."""
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pytest
@@ -174,10 +175,10 @@ def test_parameters_and_state_keep_their_buffers() -> None:
   assert [buffer_base(t.uop) for t in tracked] == before
 
 
-def test_step_is_one_schedule_and_compiles_once() -> None:
-  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
-  optimizer = SGD([w, b], lr=0.1, momentum=0.9)
-  calls = []
+@contextlib.contextmanager
+def counted_realizes() -> Iterator[list[int]]:
+  """The realizes made inside: how many tensors each was asked for."""
+  calls: list[int] = []
   original = tensor_module.realize_tensors
 
   def counting(tensors: list) -> None:
@@ -185,14 +186,21 @@ def test_step_is_one_schedule_and_compiles_once() -> None:
     original(tensors)
   tensor_module.realize_tensors = counting
   try:
+    yield calls
+  finally:
+    tensor_module.realize_tensors = original
+
+
+def test_step_is_one_schedule_and_compiles_once() -> None:
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = SGD([w, b], lr=0.1, momentum=0.9)
+  with counted_realizes() as calls:
     for _ in range(3):
       optimizer.zero_grad()
       loss = loss_of(w, b)
       loss.backward()
       Tensor.realize(loss, *optimizer.schedule_step())
       if len(calls) == 2: compiled = len(realize_module._runners)
-  finally:
-    tensor_module.realize_tensors = original
   assert len(calls) == 3, f"expected one realize per step, got {calls}"
   assert len(realize_module._runners) == compiled, "later steps compiled new kernels"
 
@@ -205,17 +213,8 @@ def test_parameters_still_to_initialize_are_realized_together() -> None:
   optimizer = SGD([w, b], lr=0.1)
   optimizer.zero_grad()
   loss_of(w, b).backward()
-  calls = []
-  original = tensor_module.realize_tensors
-
-  def counting(tensors: list) -> None:
-    calls.append(len(tensors))
-    original(tensors)
-  tensor_module.realize_tensors = counting
-  try:
+  with counted_realizes() as calls:
     pending = optimizer.schedule_step()
-  finally:
-    tensor_module.realize_tensors = original
   assert calls == [2], calls
   Tensor.realize(*pending)
   grads = numpy_grads(W0.astype(np.float64) * 2, B0.astype(np.float64) + 1)

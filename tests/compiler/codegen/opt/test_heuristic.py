@@ -144,19 +144,24 @@ def test_an_input_gradient_read_channels_last_blocks_over_the_images(target: Tar
   pixels would need a bound of the window's columns for each pixel, so they take images instead, as many as divide
   the batch. With AVX2's 8 lanes the 8-pixel rows fill the vectors as well as the 16 channels do, but they would
   gather the channels-last gradient lane by lane: the channels are the lanes."""
-  x = rng.standard_normal((8, 16, 8, 8)).astype(np.float32)
-  w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)
-  gradient = rng.standard_normal((8, 16, 6, 6)).astype(np.float32)
-  source = Tensor(x)
-  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  item, expected = _input_gradient((8, 16, 8, 8), (16, 16, 3, 3))
   opts = hand_coded_opts(item.ast, target)
   lanes = target.vector_bytes // 4
   assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and OptOps.LOCAL in _ops(opts), opts
   assert Opt(OptOps.UNROLL, 0, 8 if target is WIDE else 4) in opts, opts
-  # the input's gradient: the output gradient convolved with the flipped kernel, in/out channels swapped
-  expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 2)
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
+
+
+def _input_gradient(x_shape: tuple[int, ...], w_shape: tuple[int, ...]):
+  """The kernel of an unpadded convolution's input gradient for a random output gradient, and numpy's values: the
+  output gradient convolved with the flipped kernel, in/out channels swapped, padded by the kernel's size less one."""
+  x, w = rng.standard_normal(x_shape).astype(np.float32), rng.standard_normal(w_shape).astype(np.float32)
+  k = w_shape[-1]
+  gradient = rng.standard_normal((x_shape[0], w_shape[0], x_shape[2] - k + 1, x_shape[3] - k + 1)).astype(np.float32)
+  source = Tensor(x)
+  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  return item, _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], k - 1)
 
 
 def test_a_row_of_three_vectors_is_copied_whole() -> None:
@@ -176,17 +181,12 @@ def test_a_single_channel_input_gradient_sums_the_channels_in_lanes(target: Targ
   channels-last output gradient; along its channels only the small weights are gathered, so the channels are the
   lanes. The weights do not move along a row: a block of pixels shares each loaded weight vector, as many pixels as
   the registers hold beside two accumulators each."""
-  x = rng.standard_normal((4, 1, 14, 14)).astype(np.float32)
-  w = rng.standard_normal((32, 1, 5, 5)).astype(np.float32)
-  gradient = rng.standard_normal((4, 32, 10, 10)).astype(np.float32)
-  source = Tensor(x)
-  item = last_kernel(source.conv2d(Tensor(w)).gradient(source, gradient=Tensor(gradient))[0])
+  item, expected = _input_gradient((4, 1, 14, 14), (32, 1, 5, 5))
   opts = hand_coded_opts(item.ast, target)
   lanes = target.vector_bytes // 4
   assert opts[0] == Opt(OptOps.UPCAST, 3, lanes), opts  # the output gradient's channels
   # rows of 14 pixels: (32 - 2 - 2) // 2 = 14 pixels with AVX-512; 6 with AVX2 (none from 4 to 6 divides 14)
   assert Opt(OptOps.UNROLL, 2, 14 if target is WIDE else 6) in opts, opts
-  expected = _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], 4)
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
