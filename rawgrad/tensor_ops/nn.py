@@ -131,6 +131,7 @@ BLOCK_IMAGES = 4  # a batch of a multiple of this many images, channels last, is
 CACHE_LINE = 64
 CACHE_WAY = 4096  # bytes of an L1 data cache way (x86, most ARM): addresses this far apart share a cache set
 
+
 def _conv_padding(padding: Size | str, kernel: tuple[int, ...], stride: tuple[int, ...],
                   dilation: tuple[int, ...]) -> list[tuple[int, int]]:
   if padding == "valid": return [(0, 0)] * len(kernel)

@@ -47,7 +47,7 @@ GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machine
                                 # fixed, so a reduction rounds the same way on every machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
 PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
-SMALL_BUFFER = 32 << 10          # bytes of a parameter small enough to stay in the L1 cache while a kernel gathers it
+SMALL_BUFFER = 32 << 10         # bytes of a parameter small enough to stay in the L1 cache while a kernel gathers it
 SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
