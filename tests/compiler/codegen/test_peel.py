@@ -2,6 +2,8 @@
 kernel computes the same values, with the remainder of any length, on any number of cores."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -71,14 +73,17 @@ def test_heuristics_block_rows_the_size_does_not_divide() -> None:
   np.testing.assert_allclose(run_item(item, None, 2).reshape(100, 96), a @ b, rtol=1e-3, atol=1e-3)
 
 
-def test_a_small_kernel_takes_rows_that_divide() -> None:
-  """Its run is too short to repay compiling a peeled block: 10 rows of 100 (5 on AVX2), not 12 (6) and a rest."""
+@pytest.mark.parametrize("registers, ways, rows", [(32, 12, 10), (16, 12, 5)], ids=["avx512", "avx2"])
+def test_a_small_kernel_takes_rows_that_divide(registers: int, ways: int, rows: int) -> None:
+  """Its run is too short to repay compiling a peeled block: 10 rows of 100 (5 with AVX2's registers), not 12 (6) and
+  a rest."""
   a, b = rand(100, 64, seed=1), rand(64, 96, seed=2)
   item = last_kernel(Tensor(a) @ Tensor(b))
-  opts = hand_coded_opts(item.ast)
-  rows, _ = register_block(host_target(), vectors=1, rows_available=100, widen=2)
-  assert Opt(OptOps.UNROLL, 0, {12: 10, 6: 5}[rows]) in opts, opts
-  np.testing.assert_allclose(run_item(item, None, 2).reshape(100, 96), a @ b, rtol=1e-4, atol=1e-4)
+  target = replace(host_target(), vector_bytes=registers * 2, vector_registers=registers, l1_ways=ways)
+  assert register_block(target, vectors=1, rows_available=100, widen=2)[0] == 12 * registers // 32
+  opts = hand_coded_opts(item.ast, target)
+  assert Opt(OptOps.UNROLL, 0, rows) in opts, opts
+  np.testing.assert_allclose(run_item(item, opts, 2).reshape(100, 96), a @ b, rtol=1e-4, atol=1e-4)
 
 
 def test_a_staged_copy_inside_a_peeled_loop_is_made_in_both_nests() -> None:

@@ -185,7 +185,7 @@ def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Tar
   budget = (target.vector_registers - per_row - BROADCASTS_IN_FLIGHT) // per_row
   loop = _shared_rows(plan)[-1]  # found again: the unroll renumbered the loops
   rows = constant(size_of(loop))
-  amount = next((n for n in range(budget, 1, -1) if rows and rows % n == 0 and 3 * n >= 2 * budget), budget)
+  amount = _rows_dividing(rows, budget)
   if amount >= 2: plan.apply(OptOps.UNROLL, loop, unroll_amount(rows, amount))
   return True
 
@@ -261,7 +261,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     # instead of 3 x 2, 1.86 -> 1.33 ms)
     outer = constant(size_of(reuse[-2]))
     rows, outer_copies = register_block(target, vectors, outer, widen)
-    rows = next((n for n in range(rows, 1, -1) if outer and outer % n == 0 and 3 * n >= 2 * rows), rows)
+    rows = _rows_dividing(outer, rows)
     if _block_score(target, rows, vectors * outer_copies) > _block_score(target, amount, vectors * copies):
       reuse, one_run, rows_available = [*reuse[:-2], reuse[-1], reuse[-2]], False, outer
       amount, copies = rows, outer_copies
@@ -270,7 +270,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   elif work is not None and work < SMALL_WORK and rows_available and amount >= 2 and rows_available % amount:
     # a shorter last block peeled off doubles the code to lower and compile, which a small kernel's run does not
     # repay (the linear layer's input gradient, 128 rows: blocks of 8 run as fast as blocks of 12 and one of 8)
-    amount = next((n for n in range(amount, 0, -1) if rows_available % n == 0 and 3 * n >= 2 * amount), amount)
+    amount = _rows_dividing(rows_available, amount)
   vector_position = plan.loops.index(vector_outer) if vector_outer is not None else None
   loops_before, outputs_before = len(plan.loops), plan.output_loops
   # a row count the size does not divide costs one shorter block at the end (codegen peels it off)
@@ -289,6 +289,12 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     now = dict(zip(still, plan.output_loops)) if len(still) == len(plan.output_loops) else {}
     _unroll_spare_rows(plan, [now[r] for r in reuse[:-1] if r in now],
                        (target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns // amount)
+
+
+def _rows_dividing(size: int | None, budget: int) -> int:
+  """The largest row count up to the budget that divides size (no shorter block peeled off at the end), when one is
+  at least 2/3 of the budget; else the budget."""
+  return next((n for n in range(budget, 1, -1) if size and size % n == 0 and 3 * n >= 2 * budget), budget)
 
 
 def _short_window(plan: Planner, rows: UOp, broadcasts: list[Access]) -> bool:
