@@ -8,8 +8,10 @@ scope. Loop-invariant instructions stay where they are first used; LLVM hoists t
 
 REDUCEs over the same loops (the copies unrolling makes) run in one loop, each with its own accumulator; a sum of
 products accumulates with fused multiply-adds. A RANGE of kind "parallel" runs slice `core` of `cores` (the renderer
-computes the bounds). A staged local buffer (AFTER of a DEFINE_LOCAL and its copy stores) is filled by its own loops
-as soon as the loops it depends on are open, before the loops that read it.
+computes the bounds). A loop nest of such a kernel outside its parallel loop (its last iteration, peeled off) runs in
+one slice: inside a RANGE of kind "last", one iteration in the last slice and none in the others. A staged local
+buffer (AFTER of a DEFINE_LOCAL and its copy stores) is filled by its own loops as soon as the loops it depends on are
+open, before the loops that read it.
 
 A GROUP's kernel (see opt/kernel.py) stores partial results into a DEFINE_SCRATCH inside its parallel loop, then
 reads them through BARRIER(scratch). The BARRIER is emitted outside every loop, before the first loop nest that
@@ -253,6 +255,10 @@ def linearize(ast: UOp) -> list[UOp]:
   linearizer.emit_ready_stagings(stagings)
   free = _loops_outside_reductions(ast)
   loops_of = {store: _in_loop_order(free[store]) for store in ast.src}
+  parallel = [node for node in ast.toposort if node.op is Ops.RANGE and node.arg[1] == "parallel"]
+  if parallel and not _barriers(list(ast.src)):
+    last_slice = UOp.range(1, max(node.arg[0] for node in ast.toposort if node.op is Ops.RANGE) + 1, "last")
+    loops_of = {store: loops if parallel[0] in loops else (last_slice, *loops) for store, loops in loops_of.items()}
   nests = [(loops, [store for store in ast.src if loops_of[store] == loops])
            for loops in dict.fromkeys(loops_of.values())]
   for loops, stores in nests:

@@ -294,6 +294,11 @@ class _FunctionWriter:
     self.names[node] = counter
     start, end = "0", self.value(node.src[0])
     if node.arg[1] == "parallel": start, end = self.slice_bounds(label, end)
+    if node.arg[1] == "last":  # one iteration in the last slice
+      self.emit(f"%{label}.core1 = add i64 %core, 1")
+      self.emit(f"%{label}.last = icmp eq i64 %{label}.core1, %cores")
+      self.emit(f"%{label}.end = zext i1 %{label}.last to i64")
+      end = f"%{label}.end"
     self.emit(f"br label %{label}.pre")
     self.lines.append(f"{label}.pre:")
     self.emit(f"br label %{label}.head")

@@ -58,10 +58,32 @@ def test_two_loops_peel_into_four_nests() -> None:
   np.testing.assert_allclose(run_item(item, opts).reshape(25, 21), a @ b, rtol=1e-4, atol=1e-4)
 
 
-def test_a_loop_split_between_cores_is_not_peeled() -> None:
-  item = last_kernel(Tensor(rand(50, 37, seed=1)) @ Tensor(rand(37, 64, seed=2)))
-  optimized = apply_opts(item.ast, ROW_BLOCKS + [Opt(OptOps.PARALLEL, 0)])
+def test_a_loop_split_between_cores_peels_its_last_iteration_into_the_last_slice() -> None:
+  a, b = rand(50, 37, seed=1), rand(37, 64, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  opts = ROW_BLOCKS + [Opt(OptOps.PARALLEL, 0), Opt(OptOps.LOCAL, 0, 2)]
+  program = lower_kernel(item.ast, opts).program
+  assert gates(program) and all(gate.op is Ops.CONST for gate in gates(program))
+  ranges = [u for u in program if u.op is Ops.RANGE]
+  assert [r.src[0].arg for r in ranges if r.arg[1] in ("parallel", "last")] == [4, 1]  # rows 0..47 by 12; 48, 49
+  for cores in (1, 3, 6):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(50, 64), a @ b, rtol=1e-4, atol=1e-4)
+  # without the last of 3 slices, rows 0..31 are written (blocks 0 and 1 of the 4), the last block and rows 48, 49 not
+  got = run_item(item, opts, 3, slices=[0, 1], fill=np.nan).reshape(50, 64)
+  np.testing.assert_allclose(got[:24], (a @ b)[:24], rtol=1e-4, atol=1e-4)
+  assert np.isnan(got[24:]).all()
+
+
+def test_a_split_reduction_does_not_peel_its_parallel_loop() -> None:
+  """After a GROUP's barrier only one slice runs the program: the last slice may not be the one."""
+  x = rand(3, 4100, seed=1)
+  item = last_kernel(Tensor(x).sum(axis=1))
+  opts = [Opt(OptOps.GROUP, 1, 8)]  # chunks of 513: the last one is shorter
+  optimized = apply_opts(item.ast, opts)
+  assert any(node.op is Ops.BARRIER for node in optimized.toposort)
   assert peel_remainders(optimized) is optimized
+  for cores in (1, 3):
+    np.testing.assert_allclose(run_item(item, opts, cores), x.sum(axis=1), rtol=1e-4, atol=1e-3)
 
 
 def test_heuristics_block_rows_the_size_does_not_divide() -> None:

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 
 from rawgrad.compiler.codegen.gates import simplify_gated_indices
-from rawgrad.compiler.codegen.peel import gated_by
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
 from rawgrad.compiler.codegen.opt.kernel import MAX_LOCAL_BYTES, Opt, OptOps, loop_axes, reduce_ranges, size_of, stride
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
@@ -48,6 +47,7 @@ GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
 PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
 SMALL_BUFFER = 32 << 10         # bytes of a parameter small enough to stay in the L1 cache while a kernel gathers it
+PEEL_MIN_BLOCKS = 8             # blocks a loop should have before a shorter last one, peeled off, is a small share
 SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
@@ -265,12 +265,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     if _block_score(target, rows, vectors * outer_copies) > _block_score(target, amount, vectors * copies):
       reuse, one_run, rows_available = [*reuse[:-2], reuse[-1], reuse[-2]], False, outer
       amount, copies = rows, outer_copies
-  if window_gated and rows_available:
-    # images: a shorter last block peeled off costs more than a smaller block that still leaves the FMA units slack
-    # (AVX-512's 5x5 input gradient: 8 images x 2 vectors 5.8 ms, 12 with 8 peeled 6.3), not more than one that
-    # leaves none (AVX2's: 4 x 2, exactly units x latency accumulators, 11.8 ms; 6 x 2 with 2 peeled 10.5)
-    dividing = next(n for n in range(amount, 0, -1) if rows_available % n == 0)
-    if dividing * vectors * copies > target.fma_units * target.fma_latency: amount = dividing
+  if window_gated and rows_available: amount = _rows_for_block(target, rows_available, amount, vectors * copies)
   elif work is not None and work < SMALL_WORK and rows_available and amount >= 2 and rows_available % amount:
     # a shorter last block peeled off doubles the code to lower and compile, which a small kernel's run does not
     # repay (the linear layer's input gradient, 128 rows: blocks of 8 run as fast as blocks of 12 and one of 8)
@@ -293,6 +288,17 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     now = dict(zip(still, plan.output_loops)) if len(still) == len(plan.output_loops) else {}
     _unroll_spare_rows(plan, [now[r] for r in reuse[:-1] if r in now],
                        (target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns // amount)
+
+
+def _rows_for_block(target: Target, size: int, budget: int, columns: int) -> int:
+  """The rows (at most the budget) of a block of `columns` vectors along a loop of `size`: a count that divides it,
+  unless that leaves the FMA units no slack (at most units x latency accumulators) and the loop is long enough that
+  a shorter last block, peeled off, is a small share of it. AVX2's 5x5 input gradient over 128 images: 4 x 2 vectors
+  11.9 ms, 6 x 2 with 2 images peeled 10.7; AVX-512's: 8 x 2 5.8 ms, 12 x 2 6.3. AVX2's 3x3 convolution over 8 image
+  rows: 4 x 2 1.36 ms, 6 x 2 with 2 rows peeled 2.28."""
+  dividing = next(n for n in range(budget, 0, -1) if size % n == 0)
+  no_slack = dividing * columns <= target.fma_units * target.fma_latency
+  return budget if no_slack and size >= PEEL_MIN_BLOCKS * budget else dividing
 
 
 def _rows_dividing(size: int | None, budget: int) -> int:
@@ -421,8 +427,22 @@ def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
   few_outputs = all((constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
   if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
-  # codegen peels the shorter last block off an ordinary loop, not off one split between cores
-  loops = [r for r in loops if not gated_by(plan.ast, r)] or loops
+  # a loop with a shorter last block (peeled off) would leave it to the last slice, on top of its share
+  loops = [r for r in loops if not _has_remainder(plan, r)] or loops
   if not outermost:
     loops = [r for r in loops if (constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])
+
+
+def _has_remainder(plan: Planner, loop: UOp) -> bool:
+  """Some access is gated on the loop by a comparison no reduce loop enters: the loop was split by an amount that
+  does not divide it (a padded window's gate `0 <= y + ky - p` is not a remainder: bound_gated_loops handles it)."""
+  reduced = set(plan.reduce_loops)
+  for index in plan.ast.toposort:
+    if index.op is not Ops.INDEX or len(index.src) < 3: continue
+    clauses = [index.src[2]]
+    while clauses:
+      clause = clauses.pop()
+      if clause.op is Ops.AND: clauses += clause.src
+      elif loop in (ranges := {r for r in clause.toposort if r.op is Ops.RANGE}) and not ranges & reduced: return True
+  return False

@@ -49,8 +49,9 @@ from rawgrad.dtype import DType, dtypes
 
 PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
   "thread"
+LAST = "last"  # one iteration in the last slice of a parallel launch, none in the others (see linearize.py)
 LOOP_KINDS = (PARALLEL, LOOP, REDUCE)
-ALL_KINDS = (PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD)
+ALL_KINDS = (PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD, LAST)
 EXPANDED_KINDS = (UPCAST, UNROLL)
 MAX_THREAD_AXES = 3  # a GPU block has three thread dimensions
 

@@ -142,15 +142,16 @@ def test_a_short_reduction_keeps_the_contiguous_vector_axis() -> None:
 def test_an_input_gradient_read_channels_last_blocks_over_the_images(target: Target) -> None:
   """The output gradient is read where it is, channels last, its padding a view: register blocks along a row of
   pixels would need a bound of the window's columns for each pixel, so they take images instead. With AVX2's 8 lanes
-  the 8-pixel rows fill the vectors as well as the 16 channels do, but they would gather the channels-last gradient
+  the 8-pixel rows fill the vectors as well as the 32 channels do, but they would gather the channels-last gradient
   lane by lane: the channels are the lanes. AVX-512 takes the 8 images that divide the batch (16 accumulators);
   AVX2's 4 that divide it would be exactly its FMA units x latency accumulators, so it takes 6 and codegen peels the
-  last 2 off (the parallel loop is another one, so the local copy of the weights does not stop the peeling)."""
-  item, expected = _input_gradient((8, 16, 8, 8), (16, 16, 3, 3))
+  last 4 off; the image rows run in parallel, not the blocks of images (the last slice would also run the rest)."""
+  item, expected = _input_gradient((64, 32, 8, 8), (32, 32, 3, 3))
   opts = hand_coded_opts(item.ast, target)
   lanes = target.vector_bytes // 4
   assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and OptOps.LOCAL in _ops(opts), opts
   assert Opt(OptOps.UNROLL, 0, 8 if target is WIDE else 6) in opts, opts
+  if target is AVX2: assert Opt(OptOps.PARALLEL, 2, 0) in opts, opts  # [image blocks, channel blocks, rows, columns]
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
