@@ -26,6 +26,8 @@ from rawgrad.helpers import DEBUG, SPEC, prod, unique_id
 LEAVES = frozenset({Ops.BUFFER, Ops.CONST, Ops.IOTA, Ops.BIND, Ops.DEFINE_VAR, Ops.DEVICE, Ops.UNIQUE})
 TRUE = UOp.const(dtypes.bool, True)
 RANDOM_DRAW = "random_draw"  # the variable a random tensor's draw number is bound to
+COSTLY_OPS = frozenset({Ops.EXP2, Ops.LOG2, Ops.SIN, Ops.SQRT, Ops.FDIV, Ops.RECIPROCAL})
+RECOMPUTED_MIN = 16  # times a sum would recompute a costly value before it becomes a buffer
 
 
 def is_value_parameter(variable: UOp) -> bool:
@@ -279,12 +281,16 @@ def _ranges_in(idx: Index) -> set[UOp]:
 
 
 def _has_unrealized_reduce(node: UOp, realizes: dict[UOp, str]) -> bool:
+  return _has_unrealized(node, realizes, frozenset({Ops.REDUCE_AXIS}))
+
+
+def _has_unrealized(node: UOp, realizes: dict[UOp, str], ops: frozenset[Ops]) -> bool:
   stack, seen = [node], set()
   while stack:
     current = stack.pop()
     if current in seen: continue
     seen.add(current)
-    if current.op is Ops.REDUCE_AXIS: return True
+    if current.op in ops: return True
     stack.extend(s for s in current.src if s not in realizes)
   return False
 
@@ -298,6 +304,17 @@ def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp,
         return f"its reduction would be recomputed for every value of {names} (the consumer broadcasts it)"
   # a movement op is only index arithmetic: let the differing requests reach its source, which then decides
   if node.op in GroupOp.Movement: return None
+  for request in requests:
+    # read along a sum's loop and broadcast along an output loop (a softmax's gradient in a linear layer's gradients,
+    # x^T dy and dy W), an exponential or a division would run once per multiply-add, where a buffer computes it once
+    # per element (a value the sum's loop does not move, a batch norm's scale, LLVM computes once per output anyway)
+    used = _ranges_in(request.idx)
+    broadcast = [r for r in request.scope - used if r.arg[1] != "reduce"]
+    repeats = prod(r.src[0].arg if r.src[0].op is Ops.CONST else RECOMPUTED_MIN for r in broadcast)
+    if repeats >= RECOMPUTED_MIN and any(r.arg[1] == "reduce" for r in used) and \
+        _has_unrealized(node, realizes, COSTLY_OPS):
+      names = ", ".join(sorted(f"r{r.arg[0]}" for r in broadcast))
+      return f"a sum would compute its exponentials or divisions again for every value of {names}"
   if len({(r.idx, r.valid) for r in requests}) > 1 and node not in inline and _has_unrealized_reduce(node, realizes):
     return f"{len(requests)} consumers index it differently and recomputing it repeats a reduction"
   return None

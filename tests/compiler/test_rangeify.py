@@ -185,6 +185,24 @@ def test_elementwise_on_a_reduce_indexed_differently_is_buffered_once() -> None:
   assert len(intermediate_buffers(schedule)) == 1
 
 
+def test_an_exponential_a_matmul_broadcasts_is_buffered() -> None:
+  """exp(x) @ w would compute each exponential once per column of w (32 times): it becomes a buffer."""
+  x, w = rand(8, 16, seed=1), rand(16, 32, seed=2)
+  schedule = assert_fusion(Tensor(x).exp() @ Tensor(w), 2, np.exp(x) @ w, rtol=1e-4, atol=1e-4)
+  buffered = intermediate_buffers(schedule)
+  assert len(buffered) == 1 and "exponentials or divisions again" in buffered[0][1], buffered
+  assert not any(node.op is Ops.EXP2 for node in schedule.items[-1].ast.toposort)
+
+
+def test_a_costly_value_the_sums_loop_does_not_move_is_not_buffered() -> None:
+  """A per-column scale computed with a square root inside a sum over rows is the same on every row: the kernel
+  computes it once per output (LLVM hoists it); so is a product broadcast fewer than 16 times."""
+  x, v = rand(64, 8, seed=1), np.abs(rand(8, seed=2))
+  assert_fusion((Tensor(x) / (Tensor(v) + 1).sqrt()).sum(0), 1, (x / np.sqrt(v + 1)).sum(0), rtol=1e-4)
+  x, w = rand(8, 16, seed=1), rand(16, 4, seed=2)
+  assert_fusion(Tensor(x).exp() @ Tensor(w), 1, np.exp(x) @ w, rtol=1e-4, atol=1e-4)
+
+
 def test_contiguous_forces_a_buffer() -> None:
   x = rand(4, N)
   schedule = assert_fusion(Tensor(x).permute(1, 0).contiguous() + 1, 2, x.T + 1)
