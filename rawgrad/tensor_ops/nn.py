@@ -194,23 +194,25 @@ def _convolve(x: Tensor, weight: Tensor, bias: Tensor | None, stride: tuple[int,
   grouped = x.reshape(batch, groups, 1, group_in, *spatial)
   windows = _windows(grouped, kernel, stride, dilation, (batch, groups, group_out, group_in))
   summed_axes = (3, *range(4 + dims, 4 + 2 * dims))
+  if bias is not None and bias.shape != (out_channels,):
+    raise ShapeError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
   result = _contiguous_backward((windows * weight.reshape(1, groups, group_out, group_in, *(1,) * dims, *kernel))
                                 .sum(summed_axes).reshape(batch, out_channels, *out))
-  _input_gradient_by_transposed_convolution(result, unpadded, x, weight, stride, padding, dilation, groups, name)
-  if bias is None: return result
-  if bias.shape != (out_channels,):
-    raise ShapeError(f"{name}: bias of shape {bias.shape} does not match {out_channels} output channels")
-  return result + bias.reshape(1, out_channels, *(1,) * dims)
+  return _with_gradients(result, bias, unpadded, x, weight, stride, padding, dilation, groups, name)
 
 
-def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, padded: Tensor, weight: Tensor,
-                                              stride: tuple[int, ...], padding: list[tuple[int, int]],
-                                              dilation: tuple[int, ...], groups: int, name: str) -> None:
-  """The rules would make the input's gradient one kernel that scatters each output gradient back through the windows:
-  its loads are bounds-checked in the innermost loop (every input position sums the kernel positions that fall
-  outside the output). As a transposed convolution over the output gradient, made a buffer with its channels last,
-  the window loops run over the output gradient's pixels alone (see _convolve; MNIST's second convolution, batch
-  128: 40 ms -> 14 ms with its columns' padding a buffer). The weight's gradient: see _weight_gradient."""
+def _with_gradients(result: Tensor, bias: Tensor | None, x: Tensor, padded: Tensor, weight: Tensor,
+                    stride: tuple[int, ...], padding: list[tuple[int, int]], dilation: tuple[int, ...], groups: int,
+                    name: str) -> Tensor:
+  """The convolution plus its bias, differentiated here. The rules would make the input's gradient one kernel that
+  scatters each output gradient back through the windows: its loads are bounds-checked in the innermost loop (every
+  input position sums the kernel positions that fall outside the output). As a transposed convolution over the
+  output gradient, made a buffer with its channels last, the window loops run over the output gradient's pixels alone
+  (see _convolve; MNIST's second convolution, batch 128: 40 ms -> 14 ms with its columns' padding a buffer). The
+  weight's gradient: see _weight_gradient. The bias's sums that buffer too, not the expression it holds (a ReLU's or
+  a batch norm's gradient, which reads several buffers)."""
+  dims = len(weight.shape) - 2
+  if bias is not None: result = result + bias.reshape(1, weight.shape[0], *(1,) * dims)
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
   # the gradient of the input before its padding (x), not of the padded input: the transposed convolution's full
   # size is (out-1)*stride + dilation*(kernel-1) + 1, of which it crops the padding before (its own `padding`) and
@@ -220,6 +222,7 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, padded:
                 for i, o, s, d, k, b in zip(spatial, out, stride, dilation, kernel, before))
   # UOps and the class only: the function lives on result.uop and must not keep any Tensor alive
   tensor, source, windowed, weights = type(x), x.uop, padded.uop, weight.uop
+  biases = bias.uop if bias is not None else None
 
   def gradient(node: UOp, output_gradient: UOp, wanted: set[UOp]) -> dict[UOp, UOp]:
     # the output gradient becomes one buffer, output channels last: the weight's gradient vectorizes along them
@@ -234,8 +237,11 @@ def _input_gradient_by_transposed_convolution(result: Tensor, x: Tensor, padded:
     if weights in wanted:
       grads[weights] = _weight_gradient(tensor(windowed), channels_last, tuple(tensor(weights).shape), stride,
                                         dilation, groups).uop
+    if biases is not None and biases in wanted:
+      grads[biases] = channels_last.sum(tuple(range(len(kernel) + 1))).cast(biases.dtype).uop
     return grads
   set_custom_gradient(result.uop, gradient)
+  return result
 
 
 def _weight_gradient(x: Tensor, channels_last: Tensor, shape: tuple[int, ...], stride: tuple[int, ...],

@@ -562,6 +562,26 @@ def test_conv_weight_gradient_vectorizes_along_output_channels():
   assert loop_axes(kernel)[upcast.axis].src[0].arg == 16
 
 
+def test_conv_bias_gradient_sums_the_channels_last_output_gradient():
+  """Behind a ReLU of a buffer the output gradient is an expression of two buffers (the ReLU's input and the gradient
+  flowing in). The convolution buffers it, channels last, for the weight's gradient; the bias's gradient sums that
+  buffer instead of evaluating the expression from both again."""
+  from rawgrad.compiler.ir import Ops
+  from rawgrad.compiler.rangeify import create_schedule
+  xs, ws, bs = data(4, 3, 9, 9, dtype="float32"), data(8, 3, 3, 3, dtype="float32"), data(8, dtype="float32")
+  flowing = data(4, 8, 7, 7, dtype="float32")
+  x, w, b = Tensor(xs), Tensor(ws), Tensor(bs)
+  grad_w, grad_b = x.conv2d(w, b).contiguous().relu().gradient(w, b, gradient=Tensor(flowing))
+  items = create_schedule([grad_w.uop, grad_b.uop]).items
+  bias_kernel = next(item.ast for item in items if item.ast.src[0].src[0].src[0].dtype.size == 8)
+  sizes = sorted(node.dtype.size for node in bias_kernel.toposort if node.op is Ops.DEFINE_GLOBAL)
+  assert sizes == [8, 4 * 7 * 7 * 8], sizes
+  windows = np.lib.stride_tricks.sliding_window_view(xs, (3, 3), axis=(2, 3))  # (4, 3, 7, 7, 3, 3)
+  gated = flowing * (np.einsum("ncyxij,ocij->noyx", windows, ws) + bs.reshape(1, 8, 1, 1) > 0)
+  np.testing.assert_allclose(grad_b.numpy(), gated.sum((0, 2, 3)), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(grad_w.numpy(), np.einsum("ncyxij,noyx->ocij", windows, gated), rtol=1e-4, atol=1e-4)
+
+
 def test_conv_transpose2d_gradient():
   check_gradient(lambda x, w: x.conv_transpose2d(w, stride=2, padding=1, output_padding=1), data(1, 2, 4, 3),
                  data(2, 3, 3, 3))
