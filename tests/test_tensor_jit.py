@@ -208,3 +208,26 @@ def test_capture_replans_temporaries_into_one_arena() -> None:
   for x in _inputs(3, (64, 64)):
     eager = [t.numpy() for t in two_schedules(Tensor(x))]
     for replayed, expected in zip(jitted(Tensor(x)), eager): np.testing.assert_array_equal(replayed.numpy(), expected)
+
+
+def test_replayed_inputs_free_their_memory_when_they_go() -> None:
+  """A replay checks each input tensor's device: that must not leave its node in a reference cycle (a cached
+  toposort holds the node itself), which would keep its buffer until the garbage collector runs, so that every
+  step's input took fresh memory. The captured launches hold the last input's buffer until the next replay."""
+  import gc
+  import weakref
+  from rawgrad.runtime.device import buffer_for
+  step = jit(lambda x: (x * 2).sum())
+  data = np.arange(64, dtype=np.float32).reshape(8, 8)  # the tensor is a reshape of its buffer
+  for _ in range(2): step(Tensor(data))  # run, then capture
+  gc.disable()
+  try:
+    previous = None
+    for _ in range(4):
+      x = Tensor(data)
+      assert step(x).item() == float(data.sum() * 2)
+      assert previous is None or previous() is None, "the last replay's input is still allocated"
+      previous = weakref.ref(buffer_for(x.uop.src[0]))
+      del x
+  finally:
+    gc.enable()

@@ -354,6 +354,10 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     for source in self.src:
       if (known := source.__dict__.get("device")) is not None: return known
       if source.op is Ops.DEVICE: return source.arg
+      # a buffer names its device: a tensor made from data (a reshape of its buffer) needs no walk, and no cached
+      # toposort, which holds the node itself: that cycle would keep the node, and its buffer's memory, until the
+      # garbage collector runs (a jit's input from every step stayed allocated, and every new one was fresh memory)
+      if source.op is Ops.BUFFER and source.src[-1].op is Ops.DEVICE: return source.src[-1].arg
       if source.src: break  # a source whose device is not known yet
     for node in self.toposort:
       if node.op is Ops.COPY: return _device_through_copies(self)
