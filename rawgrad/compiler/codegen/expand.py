@@ -30,12 +30,16 @@ from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import dtypes
 
 
-def expand(ast: UOp) -> UOp:
-  """The kernel with its upcast range turned into vector lanes and its unroll ranges into copies."""
+MAX_INTERLEAVED = 4  # the largest distance between lanes loaded as one run: every other element or more is wasted
+
+
+def expand(ast: UOp, interleave: bool = False) -> UOp:
+  """The kernel with its upcast range turned into vector lanes and its unroll ranges into copies. `interleave` (CPU
+  targets): lanes a few elements apart load the run they span and pick their lanes from it."""
   ranges = all_ranges(ast)
   if not any(range_kind(r) in (UPCAST, UNROLL) for r in ranges): return ast
   ast = _drop_empty_expansions(ast)
-  expander = _Expander(ast)
+  expander = _Expander(ast, interleave)
   stores = tuple(expanded for store in ast.src for expanded in expander.stores(store))
   return UOp(Ops.SINK, dtypes.void, stores, ast.arg)
 
@@ -80,7 +84,8 @@ def horizontal(vector: UOp, op: Ops) -> UOp:
 
 
 class _Expander:
-  def __init__(self, ast: UOp):
+  def __init__(self, ast: UOp, interleave: bool = False):
+    self.interleave = interleave
     ranges = all_ranges(ast)
     upcasts = [r for r in ranges if range_kind(r) == UPCAST]
     self.upcast = upcasts[0] if upcasts else None
@@ -189,6 +194,13 @@ class _Expander:
       first = self.at_lane(index, 0)
       mask = self.vector(gate) if gate is not None else None
       return UOp(Ops.LOAD, node.dtype.vec(self.width), (_index(node.src[0], buffer, first, mask),))
+    ungated = gate is None or (gate.op is Ops.CONST and gate.arg is True)
+    if self.interleave and ungated and 2 <= (jump := self.lane_stride(index) or 0) <= MAX_INTERLEAVED:
+      # lanes a few elements apart (a pooling window's stride): one load of the run from the first lane to the last,
+      # the lanes picked out of it (LLVM shuffles; element by element, each lane was a load and an insert)
+      span = (self.width - 1) * jump + 1
+      run = UOp(Ops.LOAD, node.dtype.vec(span), (_index(node.src[0], buffer, self.at_lane(index, 0), None),))
+      return UOp(Ops.GEP, node.dtype.vec(self.width), (run,), tuple(range(0, span, jump)))
     if not self.uses_lanes(index) and _always_inside(buffer, index):
       # one address for all lanes, a gate per lane: load once, zero the lanes whose gate is false
       value = self.splat(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, index, None),)))

@@ -78,7 +78,7 @@ def _expand_math(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
 
 def _expand(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:
   """No upcast or unroll ranges: vectors and copies instead (see expand.py)."""
-  return expand(ast)
+  return expand(ast, interleave=not target.is_gpu)
 
 
 def _gated_indices(ast: UOp, target: Target, opts: Sequence[Opt]) -> UOp:

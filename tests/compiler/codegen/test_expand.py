@@ -11,6 +11,7 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.render.llvmir import LLVMRenderer
 from rawgrad.tensor import Tensor
+from tests.compiler.codegen.kernels import last_kernel, run_item
 
 
 def kernel(tensor: Tensor) -> UOp:
@@ -49,6 +50,18 @@ def test_strided_loads_are_gathered_lane_by_lane() -> None:
   loads = memory_ops(instructions, Ops.LOAD)
   assert len(loads) == 8 and all(u.dtype.count == 1 for u in loads)
   assert any(u.op is Ops.VECTORIZE for u in instructions)
+
+
+def test_loads_a_few_elements_apart_load_their_run_and_pick_the_lanes() -> None:
+  """Lanes 2 apart (a pooling window's stride): one load of the 15 elements from the first lane's to the last's, its
+  even elements the lanes (the transposed load above, 16 apart, stays gathered: most of its run would be waste)."""
+  x = np.arange(64, dtype=np.float32)
+  every_other = Tensor(x).reshape(32, 2)[:, 0] + 1
+  opts = [Opt(OptOps.UPCAST, 0, 8)]
+  instructions = program(every_other, opts)
+  assert [u.dtype.count for u in memory_ops(instructions, Ops.LOAD)] == [15]
+  assert [u.arg for u in instructions if u.op is Ops.GEP] == [(0, 2, 4, 6, 8, 10, 12, 14)]
+  np.testing.assert_array_equal(run_item(last_kernel(every_other), opts), x[::2] + 1)
 
 
 def test_matmul_register_block_is_one_loop_of_fused_multiply_adds() -> None:

@@ -167,6 +167,18 @@ def _input_gradient(x_shape: tuple[int, ...], w_shape: tuple[int, ...]):
   return item, _conv(gradient, w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1], k - 1)
 
 
+def test_a_pooling_window_is_unrolled_under_its_output_columns_as_lanes() -> None:
+  """A 2x2 max pooling reads every other input column along its output columns: with the window unrolled, its two
+  columns' lanes are one run of memory (loaded whole and shuffled), so the output columns are the lanes, not the
+  window's 2 columns (which gathered the rows)."""
+  x = rng.standard_normal((2, 4, 20, 20)).astype(np.float32)
+  item = last_kernel(Tensor(x).max_pool2d(2))
+  opts = hand_coded_opts(item.ast, AVX2)  # loops: images, channels, rows, columns; the window's rows and columns
+  assert opts == [Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UNROLL, 5, 0), Opt(OptOps.UNROLL, 4, 0)], opts
+  expected = x.reshape(2, 4, 10, 2, 10, 2).max((3, 5))
+  np.testing.assert_array_equal(run_item(item, opts).reshape(expected.shape), expected)
+
+
 def test_a_row_of_three_vectors_is_copied_whole() -> None:
   """A single-channel convolution's 24-pixel rows are three AVX2 vectors: the block copies the vector axis three
   times, not twice with a third copy peeled off."""
