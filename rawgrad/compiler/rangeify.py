@@ -658,8 +658,9 @@ class KernelEmitter:
       if DEBUG >= 2:
         counts = sorted({prod(member.shape) for member in group})
         how = "over as many elements" if len(counts) == 1 else f"small, over their concatenated ranges {counts}"
+        what = "sums reading the same memory" if node.op is Ops.REDUCE_AXIS else "elementwise kernels realized together"
         print(f"kernel {ast.arg}: {len(group)} outputs {[member.op.name for member in group]} in one kernel: "
-              f"elementwise kernels realized together at one depth of the graph, {how}")
+              f"{what} at one depth of the graph, {how}")
     if SPEC: verify_kernel(ast)
     if DEBUG >= 3:
       reasons = "; ".join(f"{member.op} because {self.realizes[member]}" for member in group)
@@ -718,8 +719,9 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
   node read at the same index by a fusable node of its shape is computed in the consumer's kernel (a cluster: an
   Adam update's `m`, `v` and parameter). A cluster's depth is the longest chain of kernels it waits for; fusable
   clusters of one depth, device and element count are one group, as launches are what such kernels cost.
-  Reductions keep a kernel of their own (their opts are chosen for them alone), and so do the buffers the scheduler
-  or a contiguous() asks for, which are boundaries on purpose."""
+  Sums that stream their inputs (see _streaming_sum) of one depth, shape and reduction share a kernel too; other
+  reductions keep one of their own (their opts are chosen for them alone), and so do the buffers the scheduler or a
+  contiguous() asks for, which are boundaries on purpose."""
   reads: dict[UOp, dict[UOp, bool]] = {}
   fusable: dict[UOp, bool] = {}
   for node in nodes:
@@ -737,9 +739,31 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
   groups: dict[tuple, list[UOp]] = {}
   for cluster in sorted(depth, key=lambda c: (depth[c], nodes.index(c[0]))):
     head = cluster[0]
-    key = ("fusable", depth[cluster], head.device, prod(head.shape)) if fusable[head] else cluster
+    if fusable[head]: key: tuple = ("fusable", depth[cluster], head.device, prod(head.shape))
+    elif (summed := _streaming_sum(head, realizes)) is not None:
+      key = ("sums", depth[cluster], head.device, head.shape, summed.src[0].shape, summed.arg)
+    else: key = cluster
     groups.setdefault(key, []).extend(cluster)
   return _concatenate_small(groups)
+
+
+def _streaming_sum(node: UOp, realizes: dict[UOp, str]) -> UOp | None:
+  """The reduction (under reshapes) a realized node is, when it reads each element of its inputs once (a batch
+  norm's sums over a batch), not a product of broadcast inputs (a matmul's, whose register blocks are planned for one
+  output). Such sums of one depth over the same axes of the same shape share one kernel: one pass over the memory
+  they all read, one accumulator each."""
+  while node.op is Ops.RESHAPE: node = node.src[0]
+  if node.op is not Ops.REDUCE_AXIS or not all(isinstance(size, int) for size in node.src[0].shape): return None
+  inputs, stack, seen = [], [node.src[0]], set()
+  while stack:
+    current = stack.pop()
+    if current in seen: continue
+    seen.add(current)
+    if current in realizes or current.op is Ops.BUFFER: inputs.append(current)
+    elif current.op is Ops.REDUCE_AXIS: return None  # a sum of a sum
+    else: stack.extend(current.src)
+  sizes = [prod(m.shape) if m.op is not Ops.BUFFER else m.arg for m in inputs]
+  return node if sizes and all(isinstance(n, int) for n in sizes) and prod(node.src[0].shape) <= max(sizes) else None
 
 
 def _concatenate_small(groups: dict[tuple, list[UOp]]) -> list[list[UOp]]:

@@ -203,6 +203,32 @@ def test_a_costly_value_the_sums_loop_does_not_move_is_not_buffered() -> None:
   assert_fusion(Tensor(x).exp() @ Tensor(w), 1, np.exp(x) @ w, rtol=1e-4, atol=1e-4)
 
 
+def test_sums_over_the_same_memory_share_a_kernel_and_a_pass() -> None:
+  """Three sums over the rows of one matrix, realized together (a batch norm's gradient sums): one kernel, one loop
+  over the rows, three accumulators."""
+  x = rand(64, N, seed=1)
+  t = Tensor(x)
+  sums = [t.sum(0), (t * t).sum(0), (t * 2 + 1).sum(0)]
+  schedule = schedule_of(*sums)
+  assert len(schedule.items) == 1, [item.name for item in schedule.items]
+  reduces = [node for node in schedule.items[0].ast.toposort if node.op is Ops.REDUCE]
+  assert len(reduces) == 3 and len({node.src[1:] for node in reduces}) == 1
+  assert kernels_to_realize(*sums) == 1
+  for got, expected in zip(sums, [x.sum(0), (x * x).sum(0), (x * 2 + 1).sum(0)]):
+    np.testing.assert_allclose(got.numpy(), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_matmuls_of_one_shape_keep_their_own_kernels() -> None:
+  """Products of broadcast inputs (two matmuls of one shape) are not streaming sums: each keeps the kernel its
+  register blocks are planned for."""
+  x, w1, w2 = rand(8, 16, seed=1), rand(16, 4, seed=2), rand(16, 4, seed=3)
+  a, b = Tensor(x) @ Tensor(w1), Tensor(x) @ Tensor(w2)
+  assert len(schedule_of(a, b).items) == 2
+  realize_tensors([a, b])
+  np.testing.assert_allclose(a.numpy(), x @ w1, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(b.numpy(), x @ w2, rtol=1e-5, atol=1e-5)
+
+
 def test_contiguous_forces_a_buffer() -> None:
   x = rand(4, N)
   schedule = assert_fusion(Tensor(x).permute(1, 0).contiguous() + 1, 2, x.T + 1)
