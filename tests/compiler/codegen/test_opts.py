@@ -233,6 +233,18 @@ def test_swap_exchanges_loops() -> None:
   assert kinds(ast) == [(LOOP, 8), (LOOP, 32), (REDUCE, 16)]
 
 
+def test_swapping_two_loops_of_a_sum_swaps_them_in_its_loop_nest() -> None:
+  """A REDUCE opens its loops in its own order: a swap of two of them reorders that too."""
+  from rawgrad.compiler.codegen.lower import lower_kernel
+  from rawgrad.compiler.ir import Ops
+  x = rand(4, 3, 5)
+  item = last_kernel(Tensor(x).sum((0, 2)))  # loops: the 3 outputs; the sum over 4, then over 5
+  for opts, sizes in (([], [3, 4, 5]), ([Opt(OptOps.SWAP, 1, 2)], [3, 5, 4])):
+    program = lower_kernel(item.ast, opts).program
+    assert [u.src[0].arg for u in program if u.op is Ops.RANGE] == sizes
+    np.testing.assert_allclose(run_item(item, opts), x.sum((0, 2)), rtol=1e-5)
+
+
 @pytest.mark.parametrize("opts, message", [
   ([Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UPCAST, 1, 4)], "already has a vector axis"),
   ([Opt(OptOps.PARALLEL, 2)], "reduce loop cannot run in parallel"),

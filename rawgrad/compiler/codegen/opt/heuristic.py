@@ -74,6 +74,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
     _vectorize(plan, vector_axis, across_reduce, lanes, target, work)
   staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce and not packed \
     else None
+  _constant_loop_innermost(plan)
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
   if staged is not None: plan.apply_local(staged)
@@ -346,11 +347,32 @@ def _widening(size: int | None) -> int:
 
 def _window_gated(plan: Planner) -> set[UOp]:
   """The output loops some comparison adds to a reduce loop: a padded window's gate `0 <= y + ky - p < h`."""
-  reduced, found = set(plan.reduce_loops), set()
-  for node in plan.ast.toposort:
-    if node.op is Ops.CMPLT and (ranges := {r for r in node.src[0].toposort if r.op is Ops.RANGE}) & reduced:
-      found |= ranges - reduced
-  return found
+  return {r for ranges in _window_comparisons(plan) for r in ranges if r not in plan.reduce_loops}
+
+
+def _window_comparisons(plan: Planner) -> list[set[UOp]]:
+  """The loops of each comparison that involves a reduce loop."""
+  reduced = set(plan.reduce_loops)
+  return [ranges for node in plan.ast.toposort
+          if node.op is Ops.CMPLT and (ranges := {r for r in node.src[0].toposort if r.op is Ops.RANGE}) & reduced]
+
+
+def _constant_loop_innermost(plan: Planner) -> None:
+  """When the innermost reduce loop is a padded window's (bound_gated_loops cuts it to the image: a bound LLVM can
+  only unroll with a remainder), a reduce loop no gate bounds (the channels) goes innermost instead, the window's
+  loops outside it, in their order: the block's multiply-adds then run as a matmul's do. A convolution's input
+  gradient, AVX-512: 5x5 5.87 -> 5.45 ms, 3x3 0.80 -> 0.76 and 0.74 -> 0.64 ms."""
+  windows = {r for ranges in _window_comparisons(plan) for r in ranges
+             if r in plan.reduce_loops and ranges - set(plan.reduce_loops)}
+  if not plan.reduce_loops or plan.reduce_loops[-1] not in windows: return
+  free = [r for r in plan.reduce_loops if r not in windows and (constant(size_of(r)) or 0) > 1]
+  if not free: return
+  position, last = plan.loops.index(free[-1]), len(plan.loops) - 1
+  while position < last:  # carried inward one swap at a time
+    count = len(plan.opts)
+    plan.apply(OptOps.SWAP, plan.loops[position], position + 1)
+    if len(plan.opts) == count: return
+    position += 1
 
 
 def _unroll_spare_rows(plan: Planner, loops: list[UOp], spare: int) -> None:

@@ -163,6 +163,7 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     _check_swappable(ast, target, other, opt)
     order = list(axes)
     order[opt.axis], order[opt.amount] = other, target
+    if range_kind(target) == REDUCE: ast = _swap_in_sums(ast, target, other)
   elif opt.op is OptOps.PARALLEL:
     if target in inner: raise OptError(f"{opt}: a reduce loop cannot run in parallel")
     if any(range_kind(r) == PARALLEL for r in axes): raise OptError(f"{opt}: the kernel already has a parallel loop")
@@ -448,6 +449,17 @@ def _first_movable(ast: UOp, order: list[UOp], split: UOp) -> int:
     siblings = next(node.src[1:] for node in ast.toposort if node.op is Ops.REDUCE and split in node.src)
     return min(order.index(r) for r in siblings if r in order)
   return 1 if order and range_kind(order[0]) == PARALLEL and order[0] is not split else 0
+
+
+def _swap_in_sums(ast: UOp, a: UOp, b: UOp) -> UOp:
+  """Every REDUCE over both loops loops over them in the other order (a REDUCE opens its loops in its own order)."""
+  new: dict[UOp, UOp] = {}
+  for node in ast.toposort:
+    sources = tuple(new[source] for source in node.src)
+    if node.op is Ops.REDUCE and a in node.src[1:] and b in node.src[1:]:
+      sources = (sources[0], *(b if r is a else a if r is b else r for r in sources[1:]))
+    new[node] = node if sources == node.src else node.replace(src=sources)
+  return new[ast]
 
 
 def _check_swappable(ast: UOp, a: UOp, b: UOp, opt: Opt) -> None:

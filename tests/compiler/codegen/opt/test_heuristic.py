@@ -152,6 +152,9 @@ def test_an_input_gradient_read_channels_last_blocks_over_the_images(target: Tar
   assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and OptOps.LOCAL in _ops(opts), opts
   assert Opt(OptOps.UNROLL, 0, 8 if target is WIDE else 6) in opts, opts
   if target is AVX2: assert Opt(OptOps.PARALLEL, 2, 0) in opts, opts  # [image blocks, channel blocks, rows, columns]
+  # the window's loops (cut to the image) outside, the channels' loop (32 iterations) innermost
+  channels = 4 if target is AVX2 else 3  # AVX-512's 32 channels are its two vectors: no loop over channel blocks
+  assert opts[-4:-2] == [Opt(OptOps.SWAP, channels, channels + 1), Opt(OptOps.SWAP, channels + 1, channels + 2)], opts
   for cores in (1, 3):
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(expected.shape), expected, rtol=1e-4, atol=1e-4)
 
