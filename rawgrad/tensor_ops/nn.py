@@ -209,8 +209,8 @@ def _with_gradients(result: Tensor, bias: Tensor | None, x: Tensor, padded: Tens
   input position sums the kernel positions that fall outside the output). As a transposed convolution over the
   output gradient, made a buffer with its channels last, the window loops run over the output gradient's pixels alone
   (see _convolve; MNIST's second convolution, batch 128: 40 ms -> 14 ms with its columns' padding a buffer). The
-  weight's gradient: see _weight_gradient. The bias's sums that buffer too, not the expression it holds (a ReLU's or
-  a batch norm's gradient, which reads several buffers)."""
+  weight's gradient: see _weight_gradient. The bias's gradient sums that buffer too, not the expression it holds (a
+  ReLU's or a batch norm's gradient, which reads several buffers)."""
   dims = len(weight.shape) - 2
   if bias is not None: result = result + bias.reshape(1, weight.shape[0], *(1,) * dims)
   kernel, spatial, out = tuple(weight.shape[2:]), x.shape[2:], result.shape[2:]
