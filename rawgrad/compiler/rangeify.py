@@ -304,15 +304,15 @@ def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp,
         return f"its reduction would be recomputed for every value of {names} (the consumer broadcasts it)"
   # a movement op is only index arithmetic: let the differing requests reach its source, which then decides
   if node.op in GroupOp.Movement: return None
+  # read along a sum's loop and broadcast along an output loop (a softmax's gradient in a linear layer's gradients,
+  # x^T dy and dy W), an exponential or a division would run once per multiply-add, where a buffer computes it once
+  # per element (a value the sum's loop does not move, a batch norm's scale, LLVM computes once per output anyway)
   for request in requests:
-    # read along a sum's loop and broadcast along an output loop (a softmax's gradient in a linear layer's gradients,
-    # x^T dy and dy W), an exponential or a division would run once per multiply-add, where a buffer computes it once
-    # per element (a value the sum's loop does not move, a batch norm's scale, LLVM computes once per output anyway)
     used = _ranges_in(request.idx)
     broadcast = [r for r in request.scope - used if r.arg[1] != "reduce"]
     repeats = prod(r.src[0].arg if r.src[0].op is Ops.CONST else RECOMPUTED_MIN for r in broadcast)
-    if repeats >= RECOMPUTED_MIN and any(r.arg[1] == "reduce" for r in used) and \
-        _has_unrealized(node, realizes, COSTLY_OPS):
+    if repeats >= RECOMPUTED_MIN and any(r.arg[1] == "reduce" for r in used):
+      if not _has_unrealized(node, realizes, COSTLY_OPS): break  # the same for every request
       names = ", ".join(sorted(f"r{r.arg[0]}" for r in broadcast))
       return f"a sum would compute its exponentials or divisions again for every value of {names}"
   if len({(r.idx, r.valid) for r in requests}) > 1 and node not in inline and _has_unrealized_reduce(node, realizes):

@@ -14,6 +14,7 @@ unrolled or vectorized is left alone, as is every reduction that is not a sum.
 """
 from __future__ import annotations
 
+from rawgrad.compiler.codegen.gates import clauses
 from rawgrad.compiler.codegen.opt.kernel import LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses, stride
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
@@ -74,16 +75,12 @@ def _zeroing_conditions(body: UOp) -> list[UOp]:
   return conditions
 
 
-def _clauses(condition: UOp) -> list[UOp]:
-  return [c for source in condition.src for c in _clauses(source)] if condition.op is Ops.AND else [condition]
-
-
 def _bounds(condition: UOp, loop: UOp, outer: set[UOp]) -> tuple[UOp, UOp, list[UOp]] | None:
   """(low, high, the clauses that give them): the condition implies low <= loop < high, both expressions of loops
   opened before `loop`. None unless it bounds the loop on both sides."""
   low = high = None
   used = []
-  for clause in _clauses(condition):
+  for clause in clauses(condition):
     negated = clause.op is Ops.XOR and clause.src[1] is TRUE
     compare = clause.src[0] if negated else clause
     if compare.op is not Ops.CMPLT or loop not in compare.src[0].toposort: continue

@@ -55,13 +55,13 @@ def _use_condition(where: UOp) -> UOp:
 
 def _resolved_condition(condition: UOp) -> UOp:
   """The condition with each resolvable `x % c < b` written `0 <= r < b` (equal everywhere, not just under itself)."""
-  clauses = []
-  for clause in _clauses(condition):
+  new_clauses = []
+  for clause in clauses(condition):
     resolved = _resolve(clause)
-    clauses.append(clause if resolved is None else (resolved[0] < 0).logical_not() & (resolved[0] < resolved[1]))
-  if all(new is old for new, old in zip(clauses, _clauses(condition))): return condition
-  result = clauses[0]
-  for clause in clauses[1:]: result = result & clause
+    new_clauses.append(clause if resolved is None else (resolved[0] < 0).logical_not() & (resolved[0] < resolved[1]))
+  if all(new is old for new, old in zip(new_clauses, clauses(condition))): return condition
+  result = new_clauses[0]
+  for clause in new_clauses[1:]: result = result & clause
   return simplify(result)
 
 
@@ -70,7 +70,7 @@ def _use_gate(index: UOp) -> UOp:
   eliminated: dict[UOp, UOp] = {}   # a range -> the same value written with the bounded variable (where the gate holds)
   unbound: dict[UOp, UOp] = {}      # the bounded variable -> r
   new_clauses = []
-  for clause in _clauses(gate):
+  for clause in clauses(gate):
     resolved = _resolve(clause)
     pivot = _pivot(resolved[0], set(eliminated)) if resolved is not None else None
     if resolved is None or pivot is None:
@@ -99,8 +99,9 @@ def _pivot(remainder: UOp, taken: set[UOp]) -> UOp | None:
   return min(candidates, key=lambda pair: (pair[0], pair[1].arg[0]))[1] if candidates else None
 
 
-def _clauses(gate: UOp) -> list[UOp]:
-  if gate.op is Ops.AND and gate.dtype == dtypes.bool: return _clauses(gate.src[0]) + _clauses(gate.src[1])
+def clauses(gate: UOp) -> list[UOp]:
+  """The conditions a gate is the AND of."""
+  if gate.op is Ops.AND and gate.dtype == dtypes.bool: return clauses(gate.src[0]) + clauses(gate.src[1])
   return [gate]
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED
-from rawgrad.compiler.codegen.gates import simplify_gated_indices
+from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
 from rawgrad.compiler.codegen.opt.kernel import MAX_LOCAL_BYTES, Opt, OptOps, loop_axes, reduce_ranges, size_of, stride
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
@@ -203,13 +203,13 @@ def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Tar
   weights of a convolution whose channels are the lanes, a matrix-vector product's vector): unroll that output loop
   so each such vector feeds a block of rows, each row with two accumulators (one when the loop does not divide in
   two), as many rows as the registers hold beside those vectors. False when no load is shared so."""
-  if not _shared_rows(plan): return False
+  if all(constant(size_of(r)) is None for r in _shared_rows(plan)): return False
   size = constant(size_of(remaining)) if remaining is not None else None
   accumulators = 2 if size and size % 2 == 0 else 1
   if accumulators == 2: plan.apply(OptOps.UNROLL, remaining, 2)
   per_row = vectors * accumulators
   budget = (target.vector_registers - per_row - BROADCASTS_IN_FLIGHT) // per_row
-  loop = _shared_rows(plan)[-1]  # found again: the unroll renumbered the loops
+  loop = [r for r in _shared_rows(plan) if constant(size_of(r)) is not None][-1]  # the unroll renumbered the loops
   rows = constant(size_of(loop))
   amount = _rows_dividing(rows, budget)
   if amount >= 2: plan.apply(OptOps.UNROLL, loop, unroll_amount(rows, amount))
@@ -217,10 +217,10 @@ def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Tar
 
 
 def _shared_rows(plan: Planner) -> list[UOp]:
-  """The output loops along which some vector load does not move."""
+  """The output loops (of more than one iteration) along which some vector load does not move."""
   vector_loads = [a for a in accesses(plan.ast) if not a.is_store and plan.uses_lanes(a.index)]
-  return [r for r in plan.output_loops if constant(size_of(r)) not in (None, 1)
-          and any(stride(a.index, r) == 0 for a in vector_loads)]
+  return [r for r in plan.output_loops
+          if constant(size_of(r)) != 1 and any(stride(a.index, r) == 0 for a in vector_loads)]
 
 
 def register_block(target: Target, vectors: int, rows_available: int | None, widen: int,
@@ -258,8 +258,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
   block in registers (column by column, all the broadcasts of a block are live at once and spill)."""
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   vector_loads = [a for a in loads if plan.uses_lanes(a.index)]
-  reuse = [r for r in plan.output_loops if any(stride(a.index, r) == 0 for a in vector_loads)
-           and constant(size_of(r)) != 1]
+  reuse = _shared_rows(plan)
   # rows along a padded window's loop (a convolution's columns x[x' + kx - p]) would each need their own bound of the
   # window: rows along a loop no gate compares (the batch's images) let bound_gated_loops cut every window loop to
   # the image, so no padding needs a buffer
@@ -485,11 +484,6 @@ def _has_remainder(plan: Planner, loop: UOp) -> bool:
   """Some access is gated on the loop by a comparison no reduce loop enters: the loop was split by an amount that
   does not divide it (a padded window's gate `0 <= y + ky - p` is not a remainder: bound_gated_loops handles it)."""
   reduced = set(plan.reduce_loops)
-  for index in plan.ast.toposort:
-    if index.op is not Ops.INDEX or len(index.src) < 3: continue
-    clauses = [index.src[2]]
-    while clauses:
-      clause = clauses.pop()
-      if clause.op is Ops.AND: clauses += clause.src
-      elif loop in (ranges := {r for r in clause.toposort if r.op is Ops.RANGE}) and not ranges & reduced: return True
-  return False
+  return any(loop in (ranges := {r for r in clause.toposort if r.op is Ops.RANGE}) and not ranges & reduced
+             for index in plan.ast.toposort if index.op is Ops.INDEX and len(index.src) == 3
+             for clause in clauses(index.src[2]))
