@@ -18,7 +18,9 @@ from rawgrad.runtime.hcq import COMPUTE, SIGNAL_BYTES, DeviceFault, DeviceMemory
 
 ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
 LAUNCH_WORDS = 8  # an untimed launch's commands: EXEC (4 words), the timeline's SIGNAL (3), one word to align the args
-EXEC, SIGNAL = int(Op.EXEC), int(Op.SIGNAL)  # as plain ints: numpy converts an IntEnum member through a Python call
+TIMED_LAUNCH_WORDS = 16  # TIMESTAMP (2), EXEC (4), TIMESTAMP (2), SIGNAL (3), 3 to align, the 2 times' slots
+# as plain ints: numpy converts an IntEnum member through a Python call
+EXEC, SIGNAL, TIMESTAMP = int(Op.EXEC), int(Op.SIGNAL), int(Op.TIMESTAMP)
 
 
 def host_allocation(nbytes: int, alignment: int = ALIGNMENT) -> DeviceMemory:
@@ -90,19 +92,29 @@ class CPUDevice(HCQDevice):
 
   def launch(self, program: Any, args: list[int], global_size: tuple[int, int, int],
              local_size: tuple[int, int, int], timed: bool = False) -> tuple[int, int] | None:
-    """An untimed launch writes its command words and its argument block together into the argument ring and
-    submits them as they are: the words encode() would make of the queue, without building a queue and a command
-    buffer for each launch (the eager launch path)."""
-    if timed: return super().launch(program, args, global_size, local_size, timed)
+    """A launch writes its command words and its argument block together into the argument ring and submits them
+    as they are: the words encode() would make of the queue, without building a queue and a command buffer for each
+    launch (the eager launch path, and DEBUG=2's). Timed, the EXEC sits between two TIMESTAMPs into the two words
+    before the arguments, and the launch waits for its signal and returns those times."""
     value = self.timeline_value + 1
-    start = self.kernargs.reserve(8 * (LAUNCH_WORDS + len(args)), self.kernargs_alignment)
+    words = TIMED_LAUNCH_WORDS if timed else LAUNCH_WORDS
+    start = self.kernargs.reserve(8 * (words + len(args)), self.kernargs_alignment)
     address = self.kernargs.memory.address + start
-    self.kernargs_words[start // 8:start // 8 + LAUNCH_WORDS + len(args)] = [
-      EXEC, program.address, address + 8 * LAUNCH_WORDS, global_size[0],
-      SIGNAL, self.timeline_signal.address, value, 0, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
-    self.runtime.submit_words(address, LAUNCH_WORDS - 1)
+    launch = [EXEC, program.address, address + 8 * words, global_size[0]]
+    signal = [SIGNAL, self.timeline_signal.address, value]
+    if timed:
+      times = address + 8 * (words - 2)
+      commands = [TIMESTAMP, times, *launch, TIMESTAMP, times + 8, *signal]
+    else:
+      commands = [*launch, *signal]
+    commands += [0] * (words - len(commands))
+    first = start // 8
+    self.kernargs_words[first:first + words + len(args)] = [*commands, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
+    self.runtime.submit_words(address, len(launch) + len(signal) + (4 if timed else 0))  # the commands alone
     self.timeline_value, self.last_engine = value, COMPUTE
-    return None
+    if not timed: return None
+    self.synchronize_after(value)
+    return int(self.kernargs_words[first + words - 2]), int(self.kernargs_words[first + words - 1])
 
   def _submit(self, encoded: CommandBuffer, engine: str) -> None:
     self.runtime.submit(encoded)

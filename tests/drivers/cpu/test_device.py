@@ -1,5 +1,7 @@
 """drivers/cpu/device.py: the CPU behind the HCQ interface: aligned host memory, signals with addresses, queues
 encoded as native command buffers, kernels launched (and timed) through the argument ring."""
+import time
+
 import numpy as np
 import pytest
 
@@ -72,8 +74,12 @@ def test_a_kernel_launched_through_the_argument_ring(cpu: CPUDevice) -> None:
   assert cpu.launch(kernel, args, (1, 1, 1), (1, 1, 1)) is None
   cpu.synchronize()
   np.testing.assert_array_equal(buffers[0].numpy(), x * 3 - 1)
-  start, end = cpu.launch(kernel, args, (1, 1, 1), (1, 1, 1), timed=True)
-  assert 0 < start <= end
+  buffers[0].copyin(memoryview(np.zeros(12, np.float32).view(np.uint8)))
+  before = time.monotonic_ns()
+  start, end = cpu.launch(kernel, args, (1, 1, 1), (1, 1, 1), timed=True)  # waits: the times are the EXEC's
+  assert before <= start <= end <= time.monotonic_ns()
+  np.testing.assert_array_equal(buffers[0].numpy(), x * 3 - 1)
+  assert cpu.timeline_signal.value == cpu.timeline_value  # the launch's own SIGNAL ended it
 
 
 def test_the_state_names_the_runtime(cpu: CPUDevice) -> None:
