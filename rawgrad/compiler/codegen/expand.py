@@ -6,7 +6,9 @@ range becomes a W-lane vector, every value that depends on unroll ranges is buil
 values, a STORE once per combination.
 
 - A load whose index moves by 1 from lane to lane is one vector load (masked where its gate is a vector); one whose
-  index does not depend on the lanes is a scalar load; any other is gathered lane by lane.
+  index does not depend on the lanes is a scalar load; any other is gathered lane by lane. On CPU targets, lanes a
+  few elements apart load the run they span, and lanes far apart whose unrolled copies are neighbours (a transposing
+  copy) load a block of rows and transpose it with shuffles.
 - A store likewise: one vector store, or one scalar store per lane.
 - A staged local buffer (AFTER(DEFINE_LOCAL, copy STORE)) holds every copy and lane: its copy store is expanded like
   any store, once.
@@ -15,7 +17,8 @@ values, a STORE once per combination.
   reduced, the accumulator is a vector whose lanes are combined after the loop in a tree of halving shuffles.
 
 After expand: no RANGE of kind upcast or unroll; values are scalars or W-lane vectors; GEP picks lanes of a vector
-(arg: the lanes), VECTORIZE builds one from scalars; a vector CONST's arg is the tuple of its lanes.
+(arg: the lanes; with two sources, of both laid end to end), VECTORIZE builds one from scalars; a vector CONST's arg
+is the tuple of its lanes.
 """
 from __future__ import annotations
 
@@ -68,6 +71,29 @@ def combine(op: Ops, a: UOp, b: UOp) -> UOp:
 
 def gep(vector: UOp, lanes: tuple[int, ...]) -> UOp:
   return UOp(Ops.GEP, vector.dtype.scalar.vec(len(lanes)), (vector,), lanes)
+
+
+def shuffle(a: UOp, b: UOp, lanes: tuple[int, ...]) -> UOp:
+  """The lanes of a and b laid end to end: lane i of b is lane len(a) + i."""
+  return UOp(Ops.GEP, a.dtype.scalar.vec(len(lanes)), (a, b), lanes)
+
+
+def transpose(rows: list[UOp]) -> list[UOp]:
+  """The columns of a square of n vectors of n lanes (n a power of two): log2(n) rounds, each interleaving the
+  lanes of row k with those of row k + n/2."""
+  n, half = len(rows), len(rows) // 2
+  low = tuple(lane for i in range(half) for lane in (i, n + i))
+  high = tuple(lane for i in range(half, n) for lane in (i, n + i))
+  for _ in range(n.bit_length() - 1):
+    rows = [shuffle(rows[k], rows[k + half], lanes) for k in range(half) for lanes in (low, high)]
+  return rows
+
+
+def concatenate(vectors: list[UOp]) -> UOp:
+  """One vector of the vectors' lanes in order (as many vectors as a power of two, of one width)."""
+  while len(vectors) > 1:
+    vectors = [shuffle(a, b, tuple(range(2 * a.dtype.count))) for a, b in zip(vectors[::2], vectors[1::2])]
+  return vectors[0]
 
 
 def horizontal(vector: UOp, op: Ops) -> UOp:
@@ -201,6 +227,7 @@ class _Expander:
       span = (self.width - 1) * jump + 1
       run = UOp(Ops.LOAD, node.dtype.vec(span), (_index(node.src[0], buffer, self.at_lane(index, 0), None),))
       return UOp(Ops.GEP, node.dtype.vec(self.width), (run,), tuple(range(0, span, jump)))
+    if self.interleave and ungated and (columns := self.transposed(node, env)) is not None: return columns
     if not self.uses_lanes(index) and _always_inside(buffer, index):
       # one address for all lanes, a gate per lane: load once, zero the lanes whose gate is false
       value = self.splat(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, index, None),)))
@@ -211,6 +238,27 @@ class _Expander:
       lane_gate = self.at_lane(gate, lane) if gate is not None else None
       lanes.append(UOp(Ops.LOAD, node.dtype, (_index(node.src[0], buffer, address, lane_gate),)))
     return UOp(Ops.VECTORIZE, node.dtype.vec(self.width), tuple(lanes))
+
+  def transposed(self, node: UOp, env: dict[UOp, int]) -> UOp | None:
+    """A load whose lanes are far apart but whose copies along an unroll range are neighbours (a transposing copy):
+    a block of copies loads each lane's run of neighbours as one vector, and a network of shuffles turns those rows
+    into the copies' vectors. None where the load is not such a one."""
+    buffer, index, _ = _index_parts(node.src[0])
+    jump = self.lane_stride(index)
+    if jump is None or abs(jump) <= MAX_INTERLEAVED: return None
+    unroll = next((r for r in self.unrolls if r in self.free[index] and stride(index, r) == 1), None)
+    if unroll is None or (block := transpose_block(_constant_size(unroll), self.width)) < 2: return None
+    offset = env[unroll] % block
+    first = {**env, unroll: env[unroll] - offset}
+    key = ("transposed",) + self.env_key(node, first)
+    if key not in self.cache:
+      start = self.at_lane(self.concrete(index, first), 0)
+      buffer = self.value(buffer, env)
+      starts = [start + UOp.const(dtypes.index, jump * lane) for lane in range(self.width)]
+      rows = [UOp(Ops.LOAD, node.dtype.vec(block), (_index(node.src[0], buffer, row, None),)) for row in starts]
+      pieces = [transpose(rows[group:group + block]) for group in range(0, self.width, block)]
+      self.cache[key] = tuple(concatenate([piece[column] for piece in pieces]) for column in range(block))
+    return self.cache[key][offset]
 
   def reduce(self, node: UOp, env: dict[UOp, int]) -> UOp:
     body, ranges = node.src[0], node.src[1:]
@@ -253,6 +301,14 @@ class _Expander:
                                                 self.at_lane(gate, lane) if gate is not None else None),
                                          self.lane(value, lane)), store.arg)
             for lane, address in enumerate(self.lane_addresses(index))]
+
+
+def transpose_block(copies: int, width: int) -> int:
+  """The most copies whose neighbouring elements load as one row of a transposed block: the largest power of two that
+  divides the copies and the vector width."""
+  block = 1
+  while copies % (2 * block) == 0 and width % (2 * block) == 0: block *= 2
+  return block
 
 
 def _always_inside(buffer: UOp, index: UOp) -> bool:

@@ -507,7 +507,8 @@ class _FunctionWriter:
       self.define(node, f"extractelement {t} {self.value(source)}, i64 {node.arg[0]}")
       return
     mask = ", ".join(f"i32 {lane}" for lane in node.arg)
-    self.define(node, f"shufflevector {t} {self.value(source)}, {t} poison, <{len(node.arg)} x i32> <{mask}>")
+    second = self.value(node.src[1]) if len(node.src) > 1 else "poison"
+    self.define(node, f"shufflevector {t} {self.value(source)}, {t} {second}, <{len(node.arg)} x i32> <{mask}>")
 
   def op_where(self, node: UOp) -> None:
     condition, a, b = node.src

@@ -4,6 +4,7 @@ reduction, fused multiply-adds, and the LLVM IR that follows from them."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps
@@ -62,6 +63,20 @@ def test_loads_a_few_elements_apart_load_their_run_and_pick_the_lanes() -> None:
   assert [u.dtype.count for u in memory_ops(instructions, Ops.LOAD)] == [15]
   assert [u.arg for u in instructions if u.op is Ops.GEP] == [(0, 2, 4, 6, 8, 10, 12, 14)]
   np.testing.assert_array_equal(run_item(last_kernel(every_other), opts), x[::2] + 1)
+
+
+@pytest.mark.parametrize("lanes, copies", [(8, 8), (16, 4), (16, 2), (8, 2)])
+def test_a_transposing_copy_loads_rows_along_its_copies_and_shuffles_them_into_lanes(lanes: int, copies: int) -> None:
+  """To channels last: the store is contiguous along the channels (the lanes), the load along the columns (the
+  copies). Each block of copies loads one row of `copies` neighbours per lane and transposes: no lane is gathered."""
+  x = np.arange(2 * 16 * 3 * 8, dtype=np.float32).reshape(2, 16, 3, 8)
+  channels_last = Tensor(x).permute(0, 2, 3, 1) + 1
+  opts = [Opt(OptOps.UPCAST, 3, lanes), Opt(OptOps.UNROLL, 2, copies)]
+  instructions = program(channels_last, opts)
+  assert [u.dtype.count for u in memory_ops(instructions, Ops.LOAD)] == [copies] * lanes
+  assert all(len(u.src) == 2 for u in instructions if u.op is Ops.GEP)
+  assert not any(u.op is Ops.VECTORIZE for u in instructions)
+  np.testing.assert_array_equal(run_item(last_kernel(channels_last), opts), (x.transpose(0, 2, 3, 1) + 1).reshape(-1))
 
 
 def test_matmul_register_block_is_one_loop_of_fused_multiply_adds() -> None:

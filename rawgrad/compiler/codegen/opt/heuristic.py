@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 
-from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED
+from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED, transpose_block
 from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
-from rawgrad.compiler.codegen.opt.kernel import MAX_LOCAL_BYTES, Opt, OptOps, loop_axes, reduce_ranges, size_of, stride
+from rawgrad.compiler.codegen.opt.kernel import (MAX_LOCAL_BYTES, UPCAST, Opt, OptOps, all_ranges, loop_axes,
+                                                 range_kind, reduce_ranges, size_of, stride)
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
@@ -51,6 +52,7 @@ SMALL_BUFFER = 32 << 10         # bytes of a parameter small enough to stay in t
 PEEL_MIN_BLOCKS = 8             # blocks a loop should have before a shorter last one, peeled off, is a small share
 UNROLLED_WINDOW = 16            # iterations of a reduction small enough to unroll whole (a pooling window)
 SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
+TRANSPOSED_COPIES = 2           # copies a transposing load's block spans (see _unroll_transposed)
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
 
 
@@ -72,6 +74,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if packed: vector_axis = packed.pop(0)
   if vector_axis is not None:
     _vectorize(plan, vector_axis, across_reduce, lanes, target, work)
+    _unroll_transposed(plan)
   staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce and not packed \
     else None
   _constant_loop_innermost(plan)
@@ -196,6 +199,24 @@ def _vectorize(plan: Planner, axis: UOp, across_reduce: bool, lanes: int, target
       plan.apply(OptOps.UNROLL, remaining, dividing or unroll_amount(size, wanted))
     return
   if plan.reduce_loops: _block_registers(plan, remaining, vectors, target, work)
+
+
+def _unroll_transposed(plan: Planner) -> None:
+  """A copy without a reduction whose store is contiguous along the vector lanes while a load jumps far along them
+  and is contiguous along another output loop (to channels last): unroll that loop by a block that expand.py
+  transposes, so the load reads each lane's neighbours as one vector and shuffles them into lanes instead of
+  gathering lane by lane. MNIST's four such copies in the step, both ISAs: 2 copies (pairs) did as well as or better
+  than 4 or 8, whose rows of a longer run, for the largest (128x24x24x32), were slower than gathering."""
+  vector = next((r for r in all_ranges(plan.ast) if range_kind(r) == UPCAST), None)
+  if vector is None or plan.reduce_loops: return
+  width = constant(size_of(vector)) or 1
+  for load in (a for a in accesses(plan.ast) if not a.is_store):
+    if (jump := stride(load.index, vector)) is None or abs(jump) <= MAX_INTERLEAVED: continue
+    for loop in plan.output_loops:
+      block = transpose_block(constant(size_of(loop)) or 1, min(width, TRANSPOSED_COPIES))
+      if stride(load.index, loop) == 1 and block > 1:
+        plan.apply(OptOps.UNROLL, loop, block)
+        return
 
 
 def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Target) -> bool:

@@ -182,6 +182,16 @@ def test_a_pooling_window_is_unrolled_under_its_output_columns_as_lanes() -> Non
   np.testing.assert_array_equal(run_item(item, opts).reshape(expected.shape), expected)
 
 
+def test_a_copy_to_channels_last_unrolls_the_columns_it_reads_in_rows() -> None:
+  """The store is contiguous along the channels (the lanes), the load 400 elements apart along them but contiguous
+  along the columns: the columns are unrolled by a pair, which expand.py loads as rows and transposes."""
+  x = rng.standard_normal((2, 16, 20, 20)).astype(np.float32)
+  item = last_kernel(Tensor(x).relu().permute(0, 2, 3, 1).contiguous())
+  opts = hand_coded_opts(item.ast, AVX2)  # loops: images, rows, columns, channels
+  assert opts[:2] == [Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UNROLL, 2, 2)], opts
+  np.testing.assert_array_equal(run_item(item, opts), np.maximum(x, 0).transpose(0, 2, 3, 1).reshape(-1))
+
+
 def test_a_row_of_three_vectors_is_copied_whole() -> None:
   """A single-channel convolution's 24-pixel rows are three AVX2 vectors: the block copies the vector axis three
   times, not twice with a third copy peeled off."""
