@@ -22,7 +22,8 @@ from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
 from rawgrad.tensor_ops.elementwise import ElementwiseOps
-from rawgrad.tensor_ops.helpers import broadcast_shape, creation_shape, reduce_axes, resolve_axis, scalar_uop, shape_arg
+from rawgrad.tensor_ops.helpers import (broadcast_shape, creation_shape, reduce_axes, resolve_axis, scalar_uop,
+                                       shape_arg, with_gradient)
 from rawgrad.tensor_ops.nn import NNOps
 from rawgrad.tensor_ops.random import RandomOps
 from rawgrad.tensor_ops.reduce import ReduceOps
@@ -431,8 +432,9 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self._float_unary(Ops.RECIPROCAL)
 
   def relu(self) -> Tensor:
-    # a select, not maximum(x, 0): PyTorch's gradient at 0 is 0 (maximum would split it), and nan stays nan
-    return (self <= 0).where(0, self)
+    # a select, not maximum(x, 0): PyTorch's gradient at 0 is 0 (maximum would split it), and nan stays nan. The
+    # gradient selects by the output (the same choices): a layer's pre-activation need not outlive its ReLU
+    return with_gradient((self <= 0).where(0, self), (self,), lambda grad, out, _: ((out <= 0).where(0, grad),))
 
   def maximum(self, other: Any) -> Tensor:
     return self._binary(Ops.MAX, other)

@@ -78,6 +78,29 @@ pm_cleanup = PatternMatcher([
 rewrite rebuilds the nodes above it, and those lose the profiler's record of where they came from.)"""
 
 
+def read_contiguous_copies(sink: UOp) -> UOp:
+  """Where contiguous() of a computed value makes it a buffer, the value's other readers read that buffer: the same
+  values, computed once, and what the value is computed from need not stay a buffer for them. (A ReLU's gradient
+  reads the ReLU that the next convolution makes contiguous: the convolution before it then stores the ReLU alone,
+  not its input for the gradient and the ReLU again.) The sink's own outputs stay as they are: each is its buffer.
+  A rebuilt node keeps the profiler's record of the operation that made it."""
+  copies = {node.src[0]: node for node in sink.toposort if node.op is Ops.CONTIGUOUS and node.src[0].op in GroupOp.ALU}
+  if not copies: return sink
+  rebuilt: dict[UOp, UOp] = {}
+
+  def read(source: UOp) -> UOp:
+    if source not in copies: return rebuilt[source]
+    copy = copies[source]
+    return copy if rebuilt[source] is source else copy.replace(src=(rebuilt[source],))
+
+  for node in sink.toposort:
+    readers_of_copies = node.op not in (Ops.CONTIGUOUS, Ops.SINK)
+    sources = tuple(read(s) if readers_of_copies else rebuilt[s] for s in node.src)
+    rebuilt[node] = node if sources == node.src else node.replace(src=sources)
+    if rebuilt[node] is not node and node in origins: origins[rebuilt[node]] = origins[node]
+  return rebuilt[sink]
+
+
 def buffer_base(node: UOp) -> UOp | None:
   """The BUFFER a node is a plain (reshaped) view of, if it is one."""
   while node.op is Ops.RESHAPE: node = node.src[0]
@@ -600,7 +623,7 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   """Kernels that realize `outputs` (in dependency order) and the becomes map for the tensor graph. `on_kernel` is
   called with each kernel as soon as it is built (in build order), so a caller can start compiling it. A kernel
   may take any number of buffers: past its target's argument limit, codegen passes them in an argument table."""
-  sink = graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup")
+  sink = read_contiguous_copies(graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup"))
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
   required = mark_realizes(sink)

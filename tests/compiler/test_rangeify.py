@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import Ops, UOp, origins
 from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
 from rawgrad.compiler.symbolic import evaluate
 from rawgrad.helpers import GlobalCounters
@@ -201,6 +201,36 @@ def test_a_costly_value_the_sums_loop_does_not_move_is_not_buffered() -> None:
   assert_fusion((Tensor(x) / (Tensor(v) + 1).sqrt()).sum(0), 1, (x / np.sqrt(v + 1)).sum(0), rtol=1e-4)
   x, w = rand(8, 16, seed=1), rand(16, 4, seed=2)
   assert_fusion(Tensor(x).exp() @ Tensor(w), 1, np.exp(x) @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_other_readers_of_a_value_made_contiguous_read_its_buffer() -> None:
+  """A sum's ReLU, made contiguous (a convolution's input), and the ReLU's gradient reading it: the gradient's kernel
+  reads the contiguous buffer, so the sum's kernel stores the ReLU alone (two kernels, the sum not a buffer)."""
+  x, g = rand(16, 32, seed=1), rand(16, seed=2)
+  source = Tensor(x)
+  act = source.sum(1).relu()
+  following = act.contiguous()
+  gradient = (act <= 0).where(0, Tensor(g))
+  origins[gradient.uop] = "where at test"  # as PROFILE records it: the rebuilt node keeps it
+  schedule = schedule_of(following, gradient)
+  assert len(schedule.items) == 2 and intermediate_buffers(schedule) == [(Ops.CONTIGUOUS, "contiguous requested")]
+  first, second = schedule.items
+  assert first.buffers[0] in second.buffers[1:] and buffer_base(source.uop) not in second.buffers
+  assert "where at test" in second.operations
+  realize_tensors([following, gradient])
+  relu = np.maximum(x.sum(1), 0)
+  np.testing.assert_allclose(following.numpy(), relu, rtol=1e-5)
+  np.testing.assert_allclose(gradient.numpy(), np.where(relu <= 0, 0, g), rtol=1e-5)
+
+
+def test_a_value_made_contiguous_and_realized_itself_keeps_its_own_buffer() -> None:
+  x = rand(8, seed=3)
+  value = Tensor(x) * 2 + 1
+  copy = value.contiguous()
+  realize_tensors([value, copy])
+  np.testing.assert_allclose(value.numpy(), x * 2 + 1)
+  np.testing.assert_allclose(copy.numpy(), x * 2 + 1)
+  assert buffer_base(value.uop) is not buffer_base(copy.uop)
 
 
 def test_sums_over_the_same_memory_share_a_kernel_and_a_pass() -> None:

@@ -768,6 +768,9 @@ def test_gradients_at_kinks_follow_pytorch() -> None:
   assert_exact(high_gradient, np.array([[0, 0, 0, 0, 0, 1]], np.float64))
   assert_exact(autograd(lambda t: t.hardtanh(), x)[0], np.array([[0, 0, 1, 1, 0, 0]], np.float64))
   assert_exact(autograd(lambda t: t.relu6(), x)[0], np.array([[0, 0, 0, 1, 1, 1]], np.float64))
+  # by the output, as PyTorch's: 0 where it is 0 (-0.0 and 0 included), 1 where it is positive or nan
+  kinks = np.array([[-2.0, -0.0, 0.0, 0.5, np.nan]])
+  assert_exact(autograd(lambda t: t.relu(), kinks)[0], np.array([[0, 0, 0, 1, 1]], np.float64))
   assert_exact(autograd(lambda t: t.abs(), x)[0], np.array([[-1, -1, 0, 1, 1, 1]], np.float64))
   bounds = np.array([[-3.0, 3.0]])
   assert_exact(autograd(lambda t: t.hardsigmoid(), bounds)[0], np.array([[0.0, 0.0]]))
