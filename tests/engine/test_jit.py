@@ -63,7 +63,7 @@ def test_the_graph_replays_with_a_swapped_input() -> None:
 
 
 def test_segments_split_by_device_and_engine() -> None:
-  x = Tensor(np.arange(8, dtype=np.float32)).realize()
+  x = Tensor(np.arange(8, dtype=np.float32), device="CPU").realize()
   items, result = _captured(lambda t: (t + 1).to("SIM") * 2, x)
   graph = CommandGraph(items)
   engines = [(segment.device, segment.engine) for segment in graph.segments]

@@ -11,6 +11,8 @@ from rawgrad.engine.runner import COSTS_PER_RUNNER, CompiledRunner, build_runner
 from rawgrad.runtime.device import Buffer, Device, buffer_for
 from tests.compiler.codegen.kernels import last_kernel
 
+pytestmark = pytest.mark.usefixtures("default_cpu")  # CPU runners over default-device tensors
+
 
 def _runner(tensor: Tensor, opts: list[Opt] | None = None) -> tuple[CompiledRunner, list[Buffer], dict]:
   item = last_kernel(tensor)

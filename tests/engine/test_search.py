@@ -15,6 +15,8 @@ from rawgrad.tensor import Tensor
 
 from tests.compiler.codegen.kernels import last_kernel, run_item
 
+pytestmark = pytest.mark.usefixtures("default_cpu")  # CPU runners over default-device tensors
+
 
 @pytest.fixture
 def small_search(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

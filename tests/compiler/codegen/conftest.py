@@ -1,4 +1,4 @@
-"""Fixtures of the codegen tests."""
+"""Fixtures of the codegen tests, which build and run CPU kernels (kernels.py): their tensors live on the CPU."""
 from __future__ import annotations
 
 from typing import Callable
@@ -18,3 +18,8 @@ def run_opts() -> Callable[..., np.ndarray]:
     item = last_kernel(tensor)
     return run_item(item, opts, cores).reshape(tensor.shape)
   return run
+
+
+@pytest.fixture(autouse=True)
+def _on_the_cpu(default_cpu: None) -> None:
+  pass
