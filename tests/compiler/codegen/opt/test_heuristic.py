@@ -13,6 +13,7 @@ from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.target import Target, gpu_target
 from rawgrad.dtype import dtypes
+from rawgrad.engine.realize import run_schedule
 from tests.compiler.codegen.kernels import last_kernel, run_item
 
 AVX2 = Target(kind="cpu", arch="x86_64", triple="x86_64-unknown-linux-gnu", cpu="x86-64", vector_bytes=32,
@@ -190,6 +191,26 @@ def test_a_copy_to_channels_last_unrolls_the_columns_it_reads_in_rows() -> None:
   opts = hand_coded_opts(item.ast, AVX2)  # loops: images, rows, columns, channels
   assert opts[:2] == [Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UNROLL, 2, 2)], opts
   np.testing.assert_array_equal(run_item(item, opts), np.maximum(x, 0).transpose(0, 2, 3, 1).reshape(-1))
+
+
+def test_a_weight_gradients_window_row_is_one_register_block() -> None:
+  """A single-channel 5x5 convolution's weight gradient, output channels last: each image pixel's 5 neighbours are
+  broadcast against 2 vectors of channels. Its broadcasts slide along the image's columns, longer than the window,
+  so they are loaded next to their multiply-adds (not all live at once): the whole window row, 5 x 2 accumulators
+  within AVX2's 16 registers (3 x 2 when every broadcast was counted live: 0.54 against 0.47 ms in MNIST)."""
+  x = rng.standard_normal((4, 1, 16, 16)).astype(np.float32)
+  w = rng.standard_normal((16, 1, 5, 5)).astype(np.float32)
+  g = rng.standard_normal((4, 16, 12, 12)).astype(np.float32)
+  weight = Tensor(w, requires_grad=True)
+  (Tensor(x).conv2d(weight) * Tensor(g)).sum().backward()
+  items = create_schedule([weight.grad.uop]).items
+  (position,) = [i for i, item in enumerate(items) if item.ast.arg.startswith("r_")]
+  run_schedule(items[:position])
+  opts = hand_coded_opts(items[position].ast, AVX2)  # loops: window rows, window columns, channels; the sums'
+  assert opts[:3] == [Opt(OptOps.UPCAST, 2, 8), Opt(OptOps.UNROLL, 1, 5), Opt(OptOps.UNROLL, 1, 2)], opts
+  windows = np.lib.stride_tricks.sliding_window_view(x[:, 0], (5, 5), axis=(1, 2))  # (4, 12, 12, 5, 5)
+  expected = np.einsum("nhwij,nchw->ijc", windows, g)
+  np.testing.assert_allclose(run_item(items[position], opts).reshape(5, 5, 16), expected, rtol=1e-4, atol=1e-3)
 
 
 def test_a_row_of_three_vectors_is_copied_whole() -> None:
