@@ -251,8 +251,9 @@ def register_block(target: Target, vectors: int, rows_available: int | None, wid
   accumulators, one row's loaded vectors and the broadcasts in flight, within the vector registers; the rows are
   streams through memory that may all map to one L1 set, so at most its ways. When the rows' broadcasts are one run
   of memory instead (`one_run`: a convolution's neighbouring pixels under its window, which LLVM unrolls), no set
-  limits them, but LLVM loads them all before the multiply-adds, so every row's broadcast is live too. Among the shapes that fit, the one with enough
-  independent accumulators to keep the FMA units busy that loads the least per multiply-add."""
+  limits them, but LLVM loads them all before the multiply-adds, so every row's broadcast is live too. Among the
+  shapes that fit, the one with enough independent accumulators to keep the FMA units busy that loads the least per
+  multiply-add."""
   shapes = []
   for copies in (1, widen) if widen >= 2 else (1,):
     columns = vectors * copies
