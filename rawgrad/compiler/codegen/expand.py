@@ -242,11 +242,13 @@ class _Expander:
   def transposed(self, node: UOp, env: dict[UOp, int]) -> UOp | None:
     """A load whose lanes are far apart but whose copies along an unroll range are neighbours (a transposing copy):
     a block of copies loads each lane's run of neighbours as one vector, and a network of shuffles turns those rows
-    into the copies' vectors. None where the load is not such a one."""
-    buffer, index, _ = _index_parts(node.src[0])
+    into the copies' vectors. None where the load is not such a one. (This copy's load is ungated; so are the
+    block's other copies when no gate depends on the unroll range: the rows read only what they would.)"""
+    buffer, index, gate = _index_parts(node.src[0])
     jump = self.lane_stride(index)
     if jump is None or abs(jump) <= MAX_INTERLEAVED: return None
-    unroll = next((r for r in self.unrolls if r in self.free[index] and stride(index, r) == 1), None)
+    unroll = next((r for r in self.unrolls if r in self.free[index] and stride(index, r) == 1
+                   and (gate is None or r not in self.free[gate])), None)
     if unroll is None or (block := transpose_block(_constant_size(unroll), self.width)) < 2: return None
     offset = env[unroll] % block
     first = {**env, unroll: env[unroll] - offset}
