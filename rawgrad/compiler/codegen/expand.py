@@ -226,7 +226,7 @@ class _Expander:
       # the lanes picked out of it (LLVM shuffles; element by element, each lane was a load and an insert)
       span = (self.width - 1) * jump + 1
       run = UOp(Ops.LOAD, node.dtype.vec(span), (_index(node.src[0], buffer, self.at_lane(index, 0), None),))
-      return UOp(Ops.GEP, node.dtype.vec(self.width), (run,), tuple(range(0, span, jump)))
+      return gep(run, tuple(range(0, span, jump)))
     if self.interleave and ungated and (columns := self.transposed(node, env)) is not None: return columns
     if not self.uses_lanes(index) and _always_inside(buffer, index):
       # one address for all lanes, a gate per lane: load once, zero the lanes whose gate is false

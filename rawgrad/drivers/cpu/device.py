@@ -18,7 +18,7 @@ from rawgrad.runtime.hcq import COMPUTE, SIGNAL_BYTES, DeviceFault, DeviceMemory
 
 ALIGNMENT = 64  # vector loads never straddle a cache line needlessly
 LAUNCH_WORDS = 8  # an untimed launch's commands: EXEC (4 words), the timeline's SIGNAL (3), one word to align the args
-TIMED_LAUNCH_WORDS = 16  # TIMESTAMP (2), EXEC (4), TIMESTAMP (2), SIGNAL (3), 3 to align, the 2 times' slots
+TIMED_LAUNCH_WORDS = 16  # TIMESTAMP (2), EXEC (4), TIMESTAMP (2), SIGNAL (3): 11; 3 to align; the 2 times' slots
 # as plain ints: numpy converts an IntEnum member through a Python call
 EXEC, SIGNAL, TIMESTAMP = int(Op.EXEC), int(Op.SIGNAL), int(Op.TIMESTAMP)
 
@@ -99,18 +99,19 @@ class CPUDevice(HCQDevice):
     value = self.timeline_value + 1
     words = TIMED_LAUNCH_WORDS if timed else LAUNCH_WORDS
     start = self.kernargs.reserve(8 * (words + len(args)), self.kernargs_alignment)
-    address = self.kernargs.memory.address + start
-    launch = [EXEC, program.address, address + 8 * words, global_size[0]]
-    signal = [SIGNAL, self.timeline_signal.address, value]
+    address, first = self.kernargs.memory.address + start, start // 8
+    arguments = [arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]
     if timed:
       times = address + 8 * (words - 2)
-      commands = [TIMESTAMP, times, *launch, TIMESTAMP, times + 8, *signal]
+      self.kernargs_words[first:first + words + len(args)] = [
+        TIMESTAMP, times, EXEC, program.address, address + 8 * words, global_size[0], TIMESTAMP, times + 8,
+        SIGNAL, self.timeline_signal.address, value, 0, 0, 0, 0, 0, *arguments]
+      self.runtime.submit_words(address, 11)  # the commands, not the padding and slots after them
     else:
-      commands = [*launch, *signal]
-    commands += [0] * (words - len(commands))
-    first = start // 8
-    self.kernargs_words[first:first + words + len(args)] = [*commands, *[arg & 0xFFFF_FFFF_FFFF_FFFF for arg in args]]
-    self.runtime.submit_words(address, len(launch) + len(signal) + (4 if timed else 0))  # the commands alone
+      self.kernargs_words[first:first + words + len(args)] = [
+        EXEC, program.address, address + 8 * words, global_size[0],
+        SIGNAL, self.timeline_signal.address, value, 0, *arguments]
+      self.runtime.submit_words(address, LAUNCH_WORDS - 1)
     self.timeline_value, self.last_engine = value, COMPUTE
     if not timed: return None
     self.synchronize_after(value)

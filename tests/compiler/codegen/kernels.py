@@ -30,13 +30,16 @@ def compiled(item: ScheduleItem, opts: list[Opt] | None) -> tuple[CPUProgram, li
   return CPUProgram(kernel_symbol(item.ast.arg), compile_cached(_compiler, source)), lowered.program
 
 
-def last_kernel(tensor: Tensor) -> ScheduleItem:
-  """The kernel that computes `tensor`; the kernels before it run now, the normal way, and are waited for: run_item
-  calls the kernel from this thread, not after them on the device's queue."""
+def last_kernel(tensor: Tensor, name_prefix: str | None = None) -> ScheduleItem:
+  """The kernel that computes `tensor` (or the first of its schedule whose name starts with name_prefix); the kernels
+  before it run now, the normal way, and are waited for: run_item calls the kernel from this thread, not after them
+  on the device's queue."""
   items = create_schedule([tensor.uop]).items
-  run_schedule(items[:-1])
-  for device in {item_device(item) for item in items[:-1]}: Device[device].synchronize()
-  return items[-1]
+  position = len(items) - 1 if name_prefix is None else \
+    next(i for i, item in enumerate(items) if item.ast.arg.startswith(name_prefix))
+  run_schedule(items[:position])
+  for device in {item_device(item) for item in items[:position]}: Device[device].synchronize()
+  return items[position]
 
 
 def run_item(item: ScheduleItem, opts: list[Opt] | None, cores: int = 1, slices: list[int] | None = None,

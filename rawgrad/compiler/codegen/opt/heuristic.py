@@ -224,13 +224,15 @@ def _rows_across(plan: Planner, remaining: UOp | None, vectors: int, target: Tar
   weights of a convolution whose channels are the lanes, a matrix-vector product's vector): unroll that output loop
   so each such vector feeds a block of rows, each row with two accumulators (one when the loop does not divide in
   two), as many rows as the registers hold beside those vectors. False when no load is shared so."""
-  if all(constant(size_of(r)) is None for r in _shared_rows(plan)): return False
+  def known_rows() -> list[UOp]:  # found again after an unroll, which renumbers the loops
+    return [r for r in _shared_rows(plan) if constant(size_of(r)) is not None]
+  if not known_rows(): return False
   size = constant(size_of(remaining)) if remaining is not None else None
   accumulators = 2 if size and size % 2 == 0 else 1
   if accumulators == 2: plan.apply(OptOps.UNROLL, remaining, 2)
   per_row = vectors * accumulators
   budget = (target.vector_registers - per_row - BROADCASTS_IN_FLIGHT) // per_row
-  loop = [r for r in _shared_rows(plan) if constant(size_of(r)) is not None][-1]  # the unroll renumbered the loops
+  loop = known_rows()[-1]
   rows = constant(size_of(loop))
   amount = _rows_dividing(rows, budget)
   if amount >= 2: plan.apply(OptOps.UNROLL, loop, unroll_amount(rows, amount))
