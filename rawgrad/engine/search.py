@@ -40,6 +40,7 @@ SLOWER_FACTOR = 4.0                       # a first run this much slower than th
 RUNS = 3                                  # timed runs of a promising candidate; the fastest counts
 UPCAST_AMOUNTS, UNROLL_AMOUNTS, TILE_AMOUNTS = (4, 8, 16), (2, 3, 4, 8), (2, 4, 8, 16, 32)
 GROUP_AMOUNTS = (4, 16, 64)                # chunks of a reduction split across cores
+ACCUMULATE_AMOUNTS = (8, 32, 128)          # iterations of a sum's loop per block added to the output
 
 
 def actions(ast: UOp) -> list[Opt]:
@@ -53,6 +54,7 @@ def actions(ast: UOp) -> list[Opt]:
     found += [Opt(OptOps.TILE, axis, amount) for amount in TILE_AMOUNTS]
     if r not in inner: found.append(Opt(OptOps.PARALLEL, axis))
     if r in inner: found += [Opt(OptOps.GROUP, axis, amount) for amount in GROUP_AMOUNTS]
+    if r in inner: found += [Opt(OptOps.ACCUMULATE, axis, amount) for amount in ACCUMULATE_AMOUNTS]
     found += [Opt(OptOps.SWAP, axis, other) for other in range(axis + 1, len(axes))]
     parameters = sorted({node.arg for node in ast.toposort if node.op is Ops.DEFINE_GLOBAL and node.arg != 0})
     if r not in inner: found += [Opt(OptOps.LOCAL, axis, parameter) for parameter in parameters]

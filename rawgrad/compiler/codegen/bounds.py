@@ -15,14 +15,14 @@ unrolled or vectorized is left alone, as is every reduction that is not a sum.
 from __future__ import annotations
 
 from rawgrad.compiler.codegen.gates import clauses
-from rawgrad.compiler.codegen.opt.kernel import LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses, stride
+from rawgrad.compiler.codegen.opt.kernel import ACCUMULATE, LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses, stride
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify
 from rawgrad.dtype import dtypes
 
 TRUE = UOp.const(dtypes.bool, True)
-OPENED = (PARALLEL, LOOP)  # kinds of the loops open before any reduce loop starts
+OPENED = (PARALLEL, ACCUMULATE, LOOP)  # kinds of the loops open before any reduce loop starts
 
 
 def bound_gated_loops(ast: UOp) -> UOp:

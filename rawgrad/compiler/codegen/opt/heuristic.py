@@ -24,6 +24,11 @@
    (GROUP): its outermost reduce loop long enough is cut into a few large chunks per core.
 6. Streaming stores for elementwise kernels whose output is larger than the caches: the cache lines need not be
    read before they are written.
+7. Blocking a long sum (ACCUMULATE): where a load reads more than fits the L2 share over the reduce loops and is read
+   again for every iteration of an output loop it does not move along (a convolution's weight gradient reads the
+   whole batch of images for every output channel), the outermost reduce loop is cut into blocks that fit, and the
+   loop over the blocks goes outside the output loops: each block is read from the L2 cache by every output, and the
+   outputs add up the blocks' sums in memory. A packed load is already read a tile at a time.
 """
 from __future__ import annotations
 
@@ -80,6 +85,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   _constant_loop_innermost(plan)
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
+  _block_reduction(plan, stage_bytes, {staged, *packed})
   if staged is not None: plan.apply_local(staged)
   for buffer in packed: plan.apply_local(buffer)  # inside the parallel loop: once per core
   if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
@@ -507,6 +513,38 @@ def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
   if not outermost:
     loops = [r for r in loops if (constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])
+
+
+def _block_reduction(plan: Planner, block_bytes: int, packed: set) -> None:
+  """ACCUMULATE the outermost reduce loop in blocks whose reads fit block_bytes, when some load that is not packed
+  reads more than that over the reduce loops and again for each iteration of an output loop (see 7. above)."""
+  if not plan.reduce_loops or plan.opts and plan.opts[-1].op is OptOps.GROUP: return
+  outer = plan.reduce_loops[0]
+  size = constant(size_of(outer))
+  if size is None or size < 2: return
+  loads = [a for a in accesses(plan.ast) if not a.is_store and a.buffer not in packed]
+  if not any(_read_again(plan, a) and (span := _span(a.index, plan.reduce_loops)) is not None
+             and span * a.itemsize > block_bytes for a in loads): return
+  # every load's block must fit beside the others'
+  per_iteration = sum(abs(stride(a.index, outer) or 0) * a.itemsize for a in loads)
+  if per_iteration: plan.apply(OptOps.ACCUMULATE, outer, _divisor_at_most(size, max(1, block_bytes // per_iteration)))
+
+
+def _read_again(plan: Planner, access: Access) -> bool:
+  """The load reads the same elements for every iteration of some output loop."""
+  return any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in plan.output_loops)
+
+
+def _span(index: UOp, loops: list[UOp]) -> int | None:
+  """How many elements apart the first and last element the index reads over the loops (and its vector lanes and
+  copies) lie, plus one; None where it is not linear in them or their sizes are not constants."""
+  varying = [r for r in index.toposort if r.op is Ops.RANGE and (r in loops or range_kind(r) in ("upcast", "unroll"))]
+  total = 1
+  for r in varying:
+    jump, size = stride(index, r), constant(size_of(r))
+    if jump is None or size is None: return None
+    total += abs(jump) * (size - 1)
+  return total
 
 
 def _has_remainder(plan: Planner, loop: UOp) -> bool:

@@ -9,6 +9,7 @@ the loop order. After any opt the AST is again a plain kernel AST; its ranges ca
   reduce     a loop inside a REDUCE
   upcast     not a loop: the lanes of a vector (at most one per kernel, on an output or a reduce axis)
   unroll     not a loop: copies of the code (an output axis gets separate accumulators, a reduce axis too)
+  accumulate an output loop over blocks of a reduce loop; each iteration adds its block's sum to the stored output
   stage      a loop that copies an input into a local buffer (made by LOCAL; no other opt touches it)
   thread     not a loop (GPUs): the threads of a block, one iteration each (made by THREADS and BLOCK_REDUCE)
 
@@ -23,6 +24,11 @@ BLOCK_REDUCE splits a reduction across the threads of a GPU block. The reduce lo
 every thread (lane) reduces its share over `outer`, stores the partial result into shared memory (DEFINE_LOCAL) at
 its own place, all threads meet at BARRIER(local, partial store), and each reads the block's partials back and
 combines them in lane order (a REDUCE over a new "reduce" loop); lane 0 stores the output.
+
+ACCUMULATE cuts a sum's loop into blocks (`block*amount + inner`): the loop over the blocks becomes an output loop of
+kind "accumulate" (inside the parallel one, outside the others) and the kernel stores `sum over the block + what the
+output holds`, that load gated off for the first block. It applies where the kernel stores the sum itself and reads
+nothing else of its output; the block loop can then only be swapped with other output loops.
 
 The loop order is the order of the range ids (arg[0]): output loops first (the parallel one outermost), then the loops
 of each REDUCE; upcast and unroll ranges come last. `loop_axes(ast)` lists the loops in that order and an opt names
@@ -49,9 +55,10 @@ from rawgrad.dtype import DType, dtypes
 
 PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD = "parallel", "loop", "reduce", "upcast", "unroll", "stage", \
   "thread"
+ACCUMULATE = "accumulate"  # an output loop over blocks of a sum, each adding to the stored output (ACCUMULATE)
 LAST = "last"  # one iteration in the last slice of a parallel launch, none in the others (see linearize.py)
-LOOP_KINDS = (PARALLEL, LOOP, REDUCE)
-ALL_KINDS = (PARALLEL, LOOP, REDUCE, UPCAST, UNROLL, STAGE, THREAD, LAST)
+LOOP_KINDS = (PARALLEL, LOOP, ACCUMULATE, REDUCE)
+ALL_KINDS = (PARALLEL, LOOP, ACCUMULATE, REDUCE, UPCAST, UNROLL, STAGE, THREAD, LAST)
 EXPANDED_KINDS = (UPCAST, UNROLL)
 MAX_THREAD_AXES = 3  # a GPU block has three thread dimensions
 
@@ -72,6 +79,7 @@ class OptOps(Enum):
   GROUP = auto()     # the reduce loop is cut into `amount` chunks reduced in parallel; the last slice combines them
   THREADS = auto()   # split; the inner `amount` iterations become threads of a GPU block
   BLOCK_REDUCE = auto()  # the reduce loop is shared by `amount` threads of a block, combined through shared memory
+  ACCUMULATE = auto()  # split a sum's loop; the outer part becomes an output loop, each block added to the output
 
   def __repr__(self) -> str:
     return self.name
@@ -128,12 +136,19 @@ def apply_opt(ast: UOp, opt: Opt) -> UOp:
     raise OptError(f"{opt}: the kernel has {len(axes)} loops")
   if opt.op not in (OptOps.LOCAL, OptOps.STREAM) and any(range_kind(r) == STAGE for r in all_ranges(ast)):
     raise OptError(f"{opt}: only LOCAL can follow a LOCAL")
+  if opt.op in (OptOps.GROUP, OptOps.THREADS, OptOps.BLOCK_REDUCE, OptOps.STREAM) and \
+     any(range_kind(r) == ACCUMULATE for r in all_ranges(ast)):
+    raise OptError(f"{opt}: the kernel adds to its output one block at a time (ACCUMULATE)")
   if opt.op is OptOps.LOCAL:
     return stage_shared(ast, axes, opt) if _threads(all_ranges(ast)) else stage_load(ast, axes, opt)
   if opt.op is OptOps.STREAM: return stream_stores(ast, opt)
   if opt.op is OptOps.GROUP: return group_reduce(ast, axes, opt)
   if opt.op is OptOps.BLOCK_REDUCE: return block_reduce(ast, axes, opt)
+  if opt.op is OptOps.ACCUMULATE: return accumulate_blocks(ast, axes, opt)
   target = axes[opt.axis]
+  if range_kind(target) == ACCUMULATE and opt.op is not OptOps.SWAP:
+    # a split's past-the-end iterations would store what they read of the output gated off: 0
+    raise OptError(f"{opt}: loop {opt.axis} adds to the output one block at a time; it can only be swapped")
   inner = reduce_ranges(ast)
   ranges = all_ranges(ast)
   if opt.op in (OptOps.UPCAST, OptOps.UNROLL):
@@ -244,6 +259,43 @@ def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   grouped = ast.replace(src=(partial_store, final_store))
   loops = ([group] if chunks > 1 else []) + _replace(axes, target, [inner]) + [combine]
   return renumber(grouped, loops + _placed_after_loops(all_ranges(grouped)))
+
+
+# *** a reduction added to its output one block at a time ***
+
+def accumulate_blocks(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
+  """ACCUMULATE: split reduce loop `axis` into blocks of `amount`; the loop over the blocks becomes an output loop,
+  inside the parallel one and outside the others, and each of its iterations adds its block's sum to the output
+  (the first stores it). A convolution's weight gradient then reads one block of the batch's images from the L2
+  cache for every output channel, where it read them all from farther away. The kernel must store the sum itself (not rounded to another dtype, not an expression of it) and read
+  nothing else of that output."""
+  target = axes[opt.axis]
+  if target not in reduce_ranges(ast): raise OptError(f"{opt}: loop {opt.axis} is not a reduce loop")
+  if len(ast.src) != 1: raise OptError(f"{opt}: ACCUMULATE needs exactly one store, the kernel has {len(ast.src)}")
+  store = ast.src[0]
+  place, value = store.src[0], store.src[1]
+  output = place.src[0]
+  if value.op is not Ops.REDUCE or value.arg is not Ops.ADD or target not in value.src[1:]:
+    raise OptError(f"{opt}: the kernel must store the sum over loop {opt.axis} itself, not an expression of it")
+  if any(node.op is Ops.INDEX and node.src[0] is output and node is not place for node in ast.toposort):
+    raise OptError(f"{opt}: the kernel reads its output; adding to it block by block would change what it reads")
+  if store.arg == "stream": raise OptError(f"{opt}: streamed stores would send the partial sums to memory")
+  if _threads(all_ranges(ast)): raise OptError(f"{opt}: a GPU kernel's threads sum their outputs whole")
+  if opt.amount < 1: raise OptError(f"{opt}: a block needs a positive amount")
+  ast, outer, inner = split_range(ast, target, opt.amount, REDUCE)
+  if outer is None: raise OptError(f"{opt}: loop {opt.axis} is not longer than one block of {opt.amount}")
+  blocks = outer.replace(arg=(outer.arg[0], ACCUMULATE))
+  store = ast.src[0]
+  place, value = store.src[0], store.src[1]
+  block_sum = value.replace(src=(value.src[0], *(r for r in value.src[1:] if r is not outer)))
+  # the first block finds nothing in the output yet: its load is gated off and reads 0
+  later = UOp.const(dtypes.index, 0) < blocks
+  gate = later if len(place.src) == 2 else place.src[2] & later
+  so_far = UOp(Ops.LOAD, value.dtype, (place.replace(src=(*place.src[:2], gate)),))
+  ast = _substitute_ranges(ast.replace(src=(store.replace(src=(place, block_sum + so_far)),)), {outer: blocks})
+  order = [r for r in loop_axes(ast) if range_kind(r) == PARALLEL] + [blocks]
+  order += [r for r in _replace(axes, target, [inner]) if r not in order]
+  return renumber(ast, order + _placed_after_loops(all_ranges(ast)))
 
 
 # *** a reduction split across the threads of a GPU block ***
@@ -465,7 +517,7 @@ def _swap_in_sums(ast: UOp, a: UOp, b: UOp) -> UOp:
 def _check_swappable(ast: UOp, a: UOp, b: UOp, opt: Opt) -> None:
   kinds = {range_kind(a), range_kind(b)}
   if PARALLEL in kinds: raise OptError(f"{opt}: the parallel loop stays outermost")
-  if kinds == {LOOP}: return
+  if kinds <= {LOOP, ACCUMULATE}: return
   if kinds == {REDUCE} and any(node.op is Ops.REDUCE and a in node.src and b in node.src for node in ast.toposort):
     return
   raise OptError(f"{opt}: only two output loops or two loops of one reduction can swap")
