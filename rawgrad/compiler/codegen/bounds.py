@@ -15,7 +15,8 @@ unrolled or vectorized is left alone, as is every reduction that is not a sum.
 from __future__ import annotations
 
 from rawgrad.compiler.codegen.gates import clauses
-from rawgrad.compiler.codegen.opt.kernel import ACCUMULATE, LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses, stride
+from rawgrad.compiler.codegen.opt.kernel import (ACCUMULATE, LOOP, PARALLEL, REDUCE, range_kind, simplify_addresses,
+                                                 stride)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 from rawgrad.compiler.symbolic import simplify

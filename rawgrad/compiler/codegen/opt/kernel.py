@@ -267,8 +267,8 @@ def accumulate_blocks(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   """ACCUMULATE: split reduce loop `axis` into blocks of `amount`; the loop over the blocks becomes an output loop,
   inside the parallel one and outside the others, and each of its iterations adds its block's sum to the output
   (the first stores it). A convolution's weight gradient then reads one block of the batch's images from the L2
-  cache for every output channel, where it read them all from farther away. The kernel must store the sum itself (not rounded to another dtype, not an expression of it) and read
-  nothing else of that output."""
+  cache for every output channel, where it read them all from farther away. The kernel must store the sum itself
+  (not rounded to another dtype, not an expression of it) and read nothing else of that output."""
   target = axes[opt.axis]
   if target not in reduce_ranges(ast): raise OptError(f"{opt}: loop {opt.axis} is not a reduce loop")
   if len(ast.src) != 1: raise OptError(f"{opt}: ACCUMULATE needs exactly one store, the kernel has {len(ast.src)}")
