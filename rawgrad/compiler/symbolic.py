@@ -65,15 +65,24 @@ def sum_terms(node: UOp) -> list[tuple[int, UOp | None]]:
 
 
 def _recombine_divmod(coefficients: dict[UOp, int]) -> None:
-  """`(x//c)*c*k + (x%c)*k` is `x*k`: put back together what a reshape took apart."""
-  for term in list(coefficients):
+  """`(x//c)*c*k + (x%c)*k` is `x*k`, and `((x//c)%d)*c*k + (x%c)*k` is `(x%(c*d))*k`: put back together what a
+  reshape took apart, one digit at a time (each identity holds for floored and truncated division alike)."""
+  pending = list(coefficients)
+  while pending:
+    term = pending.pop()
     if term.op is not Ops.MOD or term.src[1].op is not Ops.CONST or term not in coefficients: continue
     x, divisor = term.src[0], term.src[1]
+    if divisor.arg <= 0: continue
     quotient = UOp(Ops.IDIV, term.dtype, (x, divisor))
     k = coefficients[term]
-    if coefficients.get(quotient) == k * divisor.arg:
-      del coefficients[term], coefficients[quotient]
-      coefficients[x] = coefficients.get(x, 0) + k
+    digits = [t for t in coefficients if t.op is Ops.MOD and t.src[0] is quotient and t.src[1].op is Ops.CONST
+              and t.src[1].arg > 0 and coefficients[t] == k * divisor.arg]
+    if coefficients.get(quotient) == k * divisor.arg: whole = x
+    elif digits: quotient, whole = digits[0], x % UOp.const(term.dtype, divisor.arg * digits[0].src[1].arg)
+    else: continue
+    del coefficients[term], coefficients[quotient]
+    coefficients[whole] = coefficients.get(whole, 0) + k
+    pending.append(whole)
 
 
 def build_sum(dtype: DType, coefficients: dict[UOp, int], constant: int) -> UOp:

@@ -99,10 +99,28 @@ def test_simplify_keeps_values_with_unsigned_wraparound(case: tuple[UOp, list[UO
   _check_simplification(*case)
 
 
+@settings(max_examples=200, deadline=None)
+@given(low=st.integers(-300, 300), width=st.integers(0, 200), radices=st.lists(st.integers(1, 7), min_size=1,
+       max_size=3), whole=st.booleans(), skew=st.sampled_from([0, 0, 0, 1]), scale=st.integers(1, 3))
+def test_digits_put_back_together_keep_values(low: int, width: int, radices: list[int], whole: bool, skew: int,
+                                              scale: int) -> None:
+  """x's mixed-radix digits `((x//c)%d)*c`, the lowest `x%d0`, with or without the top `(x//C)*C`, times a scale,
+  over negative and positive x; `skew` breaks one coefficient, so the digits must not be put together."""
+  x = Variable("x", low, low + width)
+  expression, place = (x % radices[0]) * scale, radices[0]
+  for radix in radices[1:]:
+    expression = expression + ((x // place) % radix) * (place * scale + skew)
+    place *= radix
+  if whole: expression = expression + (x // place) * (place * scale)
+  _check_simplification(expression, [x])
+  if whole and width and (not skew or len(radices) == 1):
+    assert simplify(expression).render() == ("x" if scale == 1 else f"(x*{scale})")
+
+
 # *** the indexer's simplifications, spelled out ***
 
 r0, r1, r2 = UOp.range(4, 0), UOp.range(3, 1), UOp.range(12, 2)
-a = Variable("a", 0, 10)
+a, b = Variable("a", 0, 10), Variable("b", 0, 1000)
 
 
 @pytest.mark.parametrize("expression, expected", [
@@ -125,6 +143,10 @@ a = Variable("a", 0, 10)
   ((a // 2) // 3, "(a//6)"),
   ((a % 12) % 4, "(a%4)"),
   ((a * 6) // 4, "(a+(a//2))"),
+  # a flat index taken apart digit by digit (a reshape to (.., 5, 5)) and put back together
+  (((b // 5) % 5) * 5 + b % 5, "(b%25)"),
+  ((b // 25) * 25 + ((b // 5) % 5) * 5 + b % 5, "b"),
+  (((b // 5) % 5) * 10 + (b % 5) * 2, "((b%25)*2)"),
 ])
 def test_indexer_simplifications(expression: UOp, expected: str) -> None:
   assert simplify(expression).render() == expected
