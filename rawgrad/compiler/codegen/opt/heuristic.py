@@ -37,8 +37,8 @@ import math
 from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED, transpose_block
 from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
-from rawgrad.compiler.codegen.opt.kernel import (MAX_LOCAL_BYTES, UPCAST, Opt, OptOps, all_ranges, loop_axes,
-                                                 range_kind, reduce_ranges, size_of, stride)
+from rawgrad.compiler.codegen.opt.kernel import (EXPANDED_KINDS, MAX_LOCAL_BYTES, UPCAST, Opt, OptOps, all_ranges,
+                                                 loop_axes, range_kind, reduce_ranges, size_of, stride)
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
@@ -518,7 +518,7 @@ def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
 def _block_reduction(plan: Planner, block_bytes: int, packed: set) -> None:
   """ACCUMULATE the outermost reduce loop in blocks whose reads fit block_bytes, when some load that is not packed
   reads more than that over the reduce loops and again for each iteration of an output loop (see 7. above)."""
-  if not plan.reduce_loops or plan.opts and plan.opts[-1].op is OptOps.GROUP: return
+  if not plan.reduce_loops: return
   outer = plan.reduce_loops[0]
   size = constant(size_of(outer))
   if size is None or size < 2: return
@@ -538,7 +538,7 @@ def _read_again(plan: Planner, access: Access) -> bool:
 def _span(index: UOp, loops: list[UOp]) -> int | None:
   """How many elements apart the first and last element the index reads over the loops (and its vector lanes and
   copies) lie, plus one; None where it is not linear in them or their sizes are not constants."""
-  varying = [r for r in index.toposort if r.op is Ops.RANGE and (r in loops or range_kind(r) in ("upcast", "unroll"))]
+  varying = [r for r in index.toposort if r.op is Ops.RANGE and (r in loops or range_kind(r) in EXPANDED_KINDS)]
   total = 1
   for r in varying:
     jump, size = stride(index, r), constant(size_of(r))
