@@ -14,7 +14,9 @@
    other.
 4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
    reused across an output loop is staged in a local buffer, a tile of it at a time, in the order it is read; the
-   tile's loop becomes the outermost one so each core packs its own tiles.
+   tile's loop becomes the outermost one so each core packs its own tiles. With such a tile, the rows the register
+   block broadcasts are packed too (inside the loop over row blocks) where each step of the sum reads them from a
+   new cache line and uses less than half of it (x^T dy with AVX2's 6 rows).
    Packing also lets a reduction vectorize an output loop the store is not contiguous along (a convolution's output
    channels) when that fills the vectors better than the contiguous one (its narrow image rows): the loads that
    move with the lanes are packed whole in lane order once per core, and the stores scatter their lanes, which
@@ -26,9 +28,11 @@
    read before they are written.
 7. Blocking a long sum (ACCUMULATE): where a load reads more than fits the L2 share over the reduce loops and is read
    again for every iteration of an output loop it does not move along (a convolution's weight gradient reads the
-   whole batch of images for every output channel), the outermost reduce loop is cut into blocks that fit, and the
-   loop over the blocks goes outside the output loops: each block is read from the L2 cache by every output, and the
-   outputs add up the blocks' sums in memory. A packed load is already read a tile at a time.
+   whole batch of images for every output channel; x^T dy reads x's column block for every tile of dy's), the
+   outermost reduce loop is cut into blocks that fit, and the loop over the blocks goes outside the output loops:
+   each block is read from the L2 cache by every output, and the outputs add up the blocks' sums in memory. A block
+   spans BLOCK_MIN_ITERATIONS of the sum at least, and a sum is cut into MIN_BLOCKS or more. A packed load is already
+   read a tile at a time.
 """
 from __future__ import annotations
 
@@ -37,8 +41,8 @@ import math
 from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED, transpose_block
 from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
-from rawgrad.compiler.codegen.opt.kernel import (EXPANDED_KINDS, MAX_LOCAL_BYTES, UPCAST, Opt, OptOps, all_ranges,
-                                                 loop_axes, range_kind, reduce_ranges, size_of, stride)
+from rawgrad.compiler.codegen.opt.kernel import (EXPANDED_KINDS, LOOP, MAX_LOCAL_BYTES, UPCAST, Opt, OptOps,
+                                                 all_ranges, loop_axes, range_kind, reduce_ranges, size_of, stride)
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
@@ -58,7 +62,11 @@ PEEL_MIN_BLOCKS = 8             # blocks a loop should have before a shorter las
 UNROLLED_WINDOW = 16            # iterations of a reduction small enough to unroll whole (a pooling window)
 SMALL_WORK = 1 << 26            # element-operations below which compiling a kernel costs more than a few % of its run
 TRANSPOSED_COPIES = 2           # copies a transposing load's block spans (see _unroll_transposed)
+CACHE_LINE = 64                 # bytes
 GROUP_MIN_CHUNK = 4096          # reduced elements per chunk at least, so a chunk's work dwarfs its partial's store
+BLOCK_MIN_ITERATIONS = 256      # iterations of a sum per block at least (ACCUMULATE): they pay for one more read and
+                                # write of the output (blocks of 32 of a transposed matmul's K ran 6% slower)
+MIN_BLOCKS = 4                  # blocks worth cutting a sum into: with fewer, most of its reads stay as they were
 
 
 def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
@@ -88,6 +96,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   _block_reduction(plan, stage_bytes, {staged, *packed})
   if staged is not None: plan.apply_local(staged)
   for buffer in packed: plan.apply_local(buffer)  # inside the parallel loop: once per core
+  if staged is not None: _stage_broadcast_rows(plan)
   if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
     plan.apply_stream()
   return plan.opts
@@ -435,7 +444,7 @@ def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
   for access in accesses(plan.ast):
     if access.is_store or not plan.uses_lanes(access.index): continue
     jump = stride(access.index, innermost)
-    if jump is None or abs(jump) * access.itemsize <= 64: continue
+    if jump is None or abs(jump) * access.itemsize <= CACHE_LINE: continue
     reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and constant(size_of(r)) not in (None, 1)]
     moving = [r for r in plan.output_loops if stride(access.index, r) != 0]
     if not reused or not moving: continue
@@ -451,6 +460,25 @@ def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
     plan.apply(OptOps.TILE, target, amount)
     if len(plan.opts) > count: return access.buffer
   return None
+
+
+def _stage_broadcast_rows(plan: Planner) -> None:
+  """Pack the rows a register block broadcasts (x^T's in x^T dy, a linear layer's weight gradient) when every reduce
+  iteration reads them from a new cache line and uses less than half of it: inside the loop over row blocks, the
+  block's rows are copied k-major, and every column block inside reads them as one stream the prefetcher follows."""
+  innermost = plan.reduce_loops[-1]
+  for access in accesses(plan.ast):
+    if access.is_store or plan.uses_lanes(access.index): continue
+    jump = stride(access.index, innermost)
+    if jump is None or abs(jump) * access.itemsize < CACHE_LINE: continue
+    if 2 * _expanded_elements(access.index) * access.itemsize >= CACHE_LINE: continue
+    # inside the row blocks' loop, when a loop inside it (the column blocks) reads the same rows again
+    outputs = plan.output_loops
+    for position, loop in enumerate(outputs):
+      if range_kind(loop) != LOOP or not stride(access.index, loop): continue
+      if any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in outputs[position + 1:]):
+        plan.apply_local_at(plan.loops.index(loop), access.buffer)
+        return
 
 
 def _divisor_at_most(size: int, limit: int) -> int:
@@ -525,9 +553,13 @@ def _block_reduction(plan: Planner, block_bytes: int, packed: set) -> None:
   loads = [a for a in accesses(plan.ast) if not a.is_store and a.buffer not in packed]
   if not any(_read_again(plan, a) and (span := _span(a.index, plan.reduce_loops)) is not None
              and span * a.itemsize > block_bytes for a in loads): return
-  # every load's block must fit beside the others'
+  # every load's block must fit beside the others', and a block must be long enough to pay for its read of the output
   per_iteration = sum(abs(stride(a.index, outer) or 0) * a.itemsize for a in loads)
-  if per_iteration: plan.apply(OptOps.ACCUMULATE, outer, _divisor_at_most(size, max(1, block_bytes // per_iteration)))
+  others = [constant(size_of(r)) for r in plan.reduce_loops[1:]]
+  if not per_iteration or None in others: return
+  fitting = _divisor_at_most(size, max(1, block_bytes // per_iteration))
+  amount = max(fitting, -(-BLOCK_MIN_ITERATIONS // math.prod(others)))
+  if -(-size // amount) >= MIN_BLOCKS: plan.apply(OptOps.ACCUMULATE, outer, amount)
 
 
 def _read_again(plan: Planner, access: Access) -> bool:
