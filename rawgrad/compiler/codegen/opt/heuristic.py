@@ -41,8 +41,9 @@ import math
 from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED, transpose_block
 from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
-from rawgrad.compiler.codegen.opt.kernel import (EXPANDED_KINDS, LOOP, MAX_LOCAL_BYTES, UPCAST, Opt, OptOps,
-                                                 all_ranges, loop_axes, range_kind, reduce_ranges, size_of, stride)
+from rawgrad.compiler.codegen.opt.kernel import (ACCUMULATE, EXPANDED_KINDS, LOOP, MAX_LOCAL_BYTES, UPCAST, Opt,
+                                                 OptOps, all_ranges, loop_axes, range_kind, reduce_ranges, size_of,
+                                                 stride)
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
@@ -88,14 +89,19 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if vector_axis is not None:
     _vectorize(plan, vector_axis, across_reduce, lanes, target, work)
     _unroll_transposed(plan)
-  staged = _tile_for_staging(plan, stage_bytes) if vector_axis is not None and not across_reduce and not packed \
-    else None
+  candidates = _staging_candidates(plan) if vector_axis is not None and not across_reduce and not packed else []
+  staged = None
+  if candidates and len(plan.reduce_loops) == 1 and _broadcast_rows(plan) is not None:
+    staged = _blocked_tile(plan, stage_bytes, candidates[0][0].buffer)
+  k_blocked = staged is not None
+  if staged is None and candidates: staged = _tile_for_staging(plan, stage_bytes)
   _constant_loop_innermost(plan)
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
-  _block_reduction(plan, stage_bytes, {staged, *packed})
-  if staged is not None: plan.apply_local(staged)
-  for buffer in packed: plan.apply_local(buffer)  # inside the parallel loop: once per core
+  if not k_blocked: _block_reduction(plan, stage_bytes, {staged, *packed})
+  # packed inside the parallel loop (once per core), or inside the loop over a matmul's blocks of K (once per block)
+  if staged is not None: plan.apply_local_at(_blocks_loop(plan) or 0 if k_blocked else 0, staged)
+  for buffer in packed: plan.apply_local(buffer)
   if staged is not None: _stage_broadcast_rows(plan)
   if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
     plan.apply_stream()
@@ -436,18 +442,43 @@ def _jumps(plan: Planner, loads: list[Access]) -> bool:
   return any((jump := stride(a.index, innermost)) is None or abs(jump) * a.itemsize > 64 for a in loads)
 
 
-def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
-  """Tile the loop along which a strided vector load moves so one tile of it fits stage_bytes; the tile loop becomes
-  the outermost. The parameter to stage (None when no load needs packing)."""
-  if not plan.reduce_loops: return None
+def _staging_candidates(plan: Planner) -> list[tuple[Access, list[UOp]]]:
+  """The strided vector loads a packed tile could serve, each with the output loops it moves along: loads that jump
+  more than a cache line from one reduce iteration to the next and are reused across an output loop."""
+  if not plan.reduce_loops: return []
   innermost = plan.reduce_loops[-1]
+  found = []
   for access in accesses(plan.ast):
     if access.is_store or not plan.uses_lanes(access.index): continue
     jump = stride(access.index, innermost)
     if jump is None or abs(jump) * access.itemsize <= CACHE_LINE: continue
     reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and constant(size_of(r)) not in (None, 1)]
-    moving = [r for r in plan.output_loops if stride(access.index, r) != 0]
-    if not reused or not moving: continue
+    moving = [r for r in plan.output_loops if stride(access.index, r) != 0 and range_kind(r) != ACCUMULATE]
+    if reused and moving: found.append((access, moving))
+  return found
+
+
+def _blocked_tile(plan: Planner, stage_bytes: int, buffer: int) -> int | None:
+  """A matmul whose broadcast rows get packed (x^T dy on AVX2) is blocked along K before its packed tile is sized: the
+  tile then holds one block of K and spans more columns, over which each packed row block is reused (AVX-512, whose
+  rows are not packed, ran 443 instead of 469 GFLOPS with such wider tiles). The parameter to stage, or None with the
+  plan as it was where the sum is not blocked or the tile not needed."""
+  saved = plan.ast, list(plan.opts)
+  _block_reduction(plan, stage_bytes, {buffer})
+  if _blocks_loop(plan) is not None and (staged := _tile_for_staging(plan, stage_bytes)) is not None: return staged
+  plan.ast, plan.opts = saved
+  return None
+
+
+def _blocks_loop(plan: Planner) -> int | None:
+  """The position of the loop over a blocked sum's blocks (ACCUMULATE); None where the sum is whole."""
+  return next((i for i, r in enumerate(plan.loops) if range_kind(r) == ACCUMULATE), None)
+
+
+def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
+  """Tile the loop along which a strided vector load moves so one tile of it fits stage_bytes; the tile loop becomes
+  the outermost. The parameter to stage (None when no load needs packing)."""
+  for access, moving in _staging_candidates(plan):
     tile_bytes = access.itemsize * _expanded_elements(access.index)
     for r in plan.reduce_loops:
       if stride(access.index, r) != 0: tile_bytes *= constant(size_of(r)) or 1 << 30
@@ -462,23 +493,29 @@ def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
   return None
 
 
-def _stage_broadcast_rows(plan: Planner) -> None:
-  """Pack the rows a register block broadcasts (x^T's in x^T dy, a linear layer's weight gradient) when every reduce
-  iteration reads them from a new cache line and uses less than half of it: inside the loop over row blocks, the
-  block's rows are copied k-major, and every column block inside reads them as one stream the prefetcher follows."""
+def _broadcast_rows(plan: Planner) -> Access | None:
+  """The load of the rows a register block broadcasts, where every reduce iteration reads them from a new cache line
+  and uses less than half of it (x^T's in x^T dy, a linear layer's weight gradient, with AVX2's 6 rows)."""
   innermost = plan.reduce_loops[-1]
   for access in accesses(plan.ast):
     if access.is_store or plan.uses_lanes(access.index): continue
     jump = stride(access.index, innermost)
     if jump is None or abs(jump) * access.itemsize < CACHE_LINE: continue
-    if 2 * _expanded_elements(access.index) * access.itemsize >= CACHE_LINE: continue
-    # inside the row blocks' loop, when a loop inside it (the column blocks) reads the same rows again
-    outputs = plan.output_loops
-    for position, loop in enumerate(outputs):
-      if range_kind(loop) != LOOP or not stride(access.index, loop): continue
-      if any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in outputs[position + 1:]):
-        plan.apply_local_at(plan.loops.index(loop), access.buffer)
-        return
+    if 2 * _expanded_elements(access.index) * access.itemsize < CACHE_LINE: return access
+  return None
+
+
+def _stage_broadcast_rows(plan: Planner) -> None:
+  """Pack the broadcast rows (_broadcast_rows) inside the loop over row blocks: the block's rows are copied k-major,
+  and every column block inside reads them as one stream the prefetcher follows."""
+  if (access := _broadcast_rows(plan)) is None: return
+  # inside the row blocks' loop, when a loop inside it (the column blocks) reads the same rows again
+  outputs = plan.output_loops
+  for position, loop in enumerate(outputs):
+    if range_kind(loop) != LOOP or not stride(access.index, loop): continue
+    if any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in outputs[position + 1:]):
+      plan.apply_local_at(plan.loops.index(loop), access.buffer)
+      return
 
 
 def _divisor_at_most(size: int, limit: int) -> int:
@@ -532,7 +569,7 @@ def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
   with enough iterations to share out, else the first that has more than one. A reduction whose output loops are all
   too short to share out is split into chunks instead, when that applies."""
   if work is not None and work < PARALLEL_MIN_WORK: return
-  loops = [r for r in plan.output_loops if constant(size_of(r)) != 1]
+  loops = [r for r in plan.output_loops if constant(size_of(r)) != 1 and range_kind(r) != ACCUMULATE]
   few_outputs = all((constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
   if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
