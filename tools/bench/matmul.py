@@ -1,4 +1,5 @@
-"""Matrix multiplication: square fp32 256/1024/2048 and a batched matmul, against numpy (OpenBLAS) and torch.
+"""Matrix multiplication: square fp32 256/1024/2048, a batched matmul and x^T dy (a linear layer's weight gradient,
+x read transposed), against numpy (OpenBLAS) and torch.
 
   python tools/bench/matmul.py            every figure
   python tools/bench/matmul.py 1024 2048  only these square sizes
@@ -43,7 +44,25 @@ def batched(batch: int, m: int, k: int, n: int) -> None:
   report(f"batched matmul {batch}x{m}x{k}x{n} fp32", 2 * batch * m * k * n, "GFLOPS", best_times(functions))
 
 
+def transposed(batch: int, inputs: int, outputs: int) -> None:
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((batch, inputs), dtype=np.float32)
+  dy = rng.standard_normal((batch, outputs), dtype=np.float32)
+  out = np.empty((inputs, outputs), np.float32)
+  result = Tensor(x).T @ Tensor(dy)
+  ours = kernels_of(result)
+  np.testing.assert_allclose(result.numpy(), x.T @ dy, rtol=1e-3, atol=1e-3 * np.sqrt(batch))
+  functions = {"rawgrad": ours, "numpy": lambda: np.matmul(x.T, dy, out=out)}
+  if torch is not None:
+    tx, tdy, tout = torch.from_numpy(x), torch.from_numpy(dy), torch.empty((inputs, outputs))
+    functions["torch"] = lambda: torch.matmul(tx.T, tdy, out=tout)
+  report(f"matmul x^T dy {batch}x{inputs} by {batch}x{outputs} fp32", 2 * batch * inputs * outputs, "GFLOPS",
+         best_times(functions))
+
+
 if __name__ == "__main__":
   sizes = [int(arg) for arg in sys.argv[1:]] or [256, 1024, 2048]
   for size in sizes: guarded(lambda size=size: square(size))
-  if not sys.argv[1:]: guarded(lambda: batched(64, 128, 128, 128))
+  if not sys.argv[1:]:
+    guarded(lambda: batched(64, 128, 128, 128))
+    guarded(lambda: transposed(512, 1024, 1024))
