@@ -100,7 +100,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   _parallelize(plan, work, outermost=staged is not None)
   if not k_blocked: _block_reduction(plan, stage_bytes, {staged, *packed})
   # packed inside the parallel loop (once per core), or inside the loop over a matmul's blocks of K (once per block)
-  if staged is not None: plan.apply_local_at(_blocks_loop(plan) or 0 if k_blocked else 0, staged)
+  if staged is not None: plan.apply_local_at((_blocks_loop(plan) or 0) if k_blocked else 0, staged)
   for buffer in packed: plan.apply_local(buffer)
   if staged is not None: _stage_broadcast_rows(plan)
   if not plan.reduce_loops and vector_axis is not None and _output_bytes(ast) >= STREAM_BYTES:
