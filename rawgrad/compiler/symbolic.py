@@ -75,10 +75,11 @@ def _recombine_divmod(coefficients: dict[UOp, int]) -> None:
     if divisor.arg <= 0: continue
     quotient = UOp(Ops.IDIV, term.dtype, (x, divisor))
     k = coefficients[term]
-    digits = [t for t in coefficients if t.op is Ops.MOD and t.src[0] is quotient and t.src[1].op is Ops.CONST
-              and t.src[1].arg > 0 and coefficients[t] == k * divisor.arg]
     if coefficients.get(quotient) == k * divisor.arg: whole = x
-    elif digits: quotient, whole = digits[0], x % UOp.const(term.dtype, divisor.arg * digits[0].src[1].arg)
+    elif (digit := next((t for t in coefficients if t.op is Ops.MOD and t.src[0] is quotient
+                         and t.src[1].op is Ops.CONST and t.src[1].arg > 0 and coefficients[t] == k * divisor.arg),
+                        None)) is not None:
+      quotient, whole = digit, x % UOp.const(term.dtype, divisor.arg * digit.src[1].arg)
     else: continue
     del coefficients[term], coefficients[quotient]
     coefficients[whole] = coefficients.get(whole, 0) + k

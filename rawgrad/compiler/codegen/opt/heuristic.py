@@ -439,7 +439,7 @@ def _unroll_spare_rows(plan: Planner, loops: list[UOp], spare: int) -> None:
 def _jumps(plan: Planner, loads: list[Access]) -> bool:
   """Some load moves by more than a cache line from one iteration of the innermost reduce loop to the next."""
   innermost = plan.reduce_loops[-1]
-  return any((jump := stride(a.index, innermost)) is None or abs(jump) * a.itemsize > 64 for a in loads)
+  return any((jump := stride(a.index, innermost)) is None or abs(jump) * a.itemsize > CACHE_LINE for a in loads)
 
 
 def _staging_candidates(plan: Planner) -> list[tuple[Access, list[UOp]]]:
@@ -512,8 +512,7 @@ def _stage_broadcast_rows(plan: Planner) -> None:
   # inside the row blocks' loop, when a loop inside it (the column blocks) reads the same rows again
   outputs = plan.output_loops
   for position, loop in enumerate(outputs):
-    if range_kind(loop) != LOOP or not stride(access.index, loop): continue
-    if any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in outputs[position + 1:]):
+    if range_kind(loop) == LOOP and stride(access.index, loop) and _read_again(access, outputs[position + 1:]):
       plan.apply_local_at(plan.loops.index(loop), access.buffer)
       return
 
@@ -588,7 +587,7 @@ def _block_reduction(plan: Planner, block_bytes: int, packed: set) -> None:
   size = constant(size_of(outer))
   if size is None or size < 2: return
   loads = [a for a in accesses(plan.ast) if not a.is_store and a.buffer not in packed]
-  if not any(_read_again(plan, a) and (span := _span(a.index, plan.reduce_loops)) is not None
+  if not any(_read_again(a, plan.output_loops) and (span := _span(a.index, plan.reduce_loops)) is not None
              and span * a.itemsize > block_bytes for a in loads): return
   # every load's block must fit beside the others', and a block must be long enough to pay for its read of the output
   per_iteration = sum(abs(stride(a.index, outer) or 0) * a.itemsize for a in loads)
@@ -599,9 +598,9 @@ def _block_reduction(plan: Planner, block_bytes: int, packed: set) -> None:
   if -(-size // amount) >= MIN_BLOCKS: plan.apply(OptOps.ACCUMULATE, outer, amount)
 
 
-def _read_again(plan: Planner, access: Access) -> bool:
-  """The load reads the same elements for every iteration of some output loop."""
-  return any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in plan.output_loops)
+def _read_again(access: Access, loops: list[UOp]) -> bool:
+  """The load reads the same elements for every iteration of one of the loops (of more than one iteration)."""
+  return any(stride(access.index, r) == 0 and (constant(size_of(r)) or 0) > 1 for r in loops)
 
 
 def _span(index: UOp, loops: list[UOp]) -> int | None:
