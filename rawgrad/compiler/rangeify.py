@@ -563,10 +563,11 @@ def _parameter(const: UOp, var_values: dict[UOp, int | float], count: Iterator[i
 
 
 def merge_loops(sink: UOp) -> UOp:
-  """Two nested loops of one REDUCE that every access walks as one loop, the outer moving exactly the inner's length
-  times as far (the rows and columns of a contiguous image), become one: its vectors and register blocks then see
-  the whole run (a 20x20 image is 400 contiguous floats, not 20 rows of 20 that fill 32 lanes). Loops a gate or a
-  computed value reads stay as they are (merging them would be as right, but leave a division in the loop)."""
+  """Two nested loops, both output loops or both loops of one REDUCE, that every access walks as one loop, the outer
+  moving exactly the inner's length times as far (the rows and columns of a contiguous image), become one: its
+  vectors and register blocks then see the whole run (a 20x20 image is 400 contiguous floats, not 20 rows of 20 that
+  fill 32 lanes; an update of a 64x32x3x3 weight is 18432 floats, not rows of 3 padded to a vector of 4). Loops a gate
+  or a computed value reads stay as they are (merging them would be as right, but leave a division in the loop)."""
   while (pair := next((pair for pair in _nested_pairs(sink) if _walked_as_one(sink, *pair)), None)) is not None:
     outer, inner = pair
     size = inner.src[0].arg
@@ -583,8 +584,10 @@ def merge_loops(sink: UOp) -> UOp:
 
 
 def _nested_pairs(sink: UOp) -> Iterator[tuple[UOp, UOp]]:
-  """(outer, inner) of constant sizes, consecutive loops of a REDUCE."""
-  for group in (sorted(node.src[1:], key=lambda r: r.arg[0]) for node in sink.toposort if node.op is Ops.REDUCE):
+  """(outer, inner) of constant sizes, consecutive output loops or consecutive loops of a REDUCE."""
+  outputs = [node for node in sink.toposort if node.op is Ops.RANGE and node.arg[1] == "loop"]
+  reduces = [node.src[1:] for node in sink.toposort if node.op is Ops.REDUCE]
+  for group in (sorted(loops, key=lambda r: r.arg[0]) for loops in (outputs, *reduces)):
     for outer, inner in zip(group, group[1:]):
       if outer.src[0].op is Ops.CONST and inner.src[0].op is Ops.CONST and inner.src[0].arg > 1:
         yield outer, inner

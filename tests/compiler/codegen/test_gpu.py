@@ -69,8 +69,9 @@ def test_default_opts_match_numpy(arch: str) -> None:
 @given(rows=st.integers(2, 70), cols=st.integers(2, 70), threads=st.sampled_from([1, 2, 3, 32, 64]),
        reduce_threads=st.sampled_from([2, 5, 16]), arch=st.sampled_from(["sm_90", "gfx1100"]))
 def test_random_thread_splits_match_numpy(rows: int, cols: int, threads: int, reduce_threads: int, arch: str) -> None:
-  x = rand(rows, cols, seed=rows * 100 + cols)
-  np.testing.assert_allclose(run_on(Tensor(x) * 2 + 1, arch, [Opt(THREADS, 1, threads)]), x * 2 + 1, rtol=1e-6)
+  x, w = rand(rows, cols, seed=rows * 100 + cols), rand(cols, seed=cols)
+  # a row broadcast keeps the rows and columns two loops
+  np.testing.assert_allclose(run_on(Tensor(x) * Tensor(w) + 1, arch, [Opt(THREADS, 1, threads)]), x * w + 1, rtol=1e-6)
   # THREADS may use up the output loop: the reduce loop is the last one either way
   loops = loop_axes(apply_opts(last_item(Tensor(x).sum(1)).ast, [Opt(THREADS, 0, threads)]))
   opts = [Opt(THREADS, 0, threads), Opt(BLOCK_REDUCE, len(loops) - 1, reduce_threads)]
@@ -95,21 +96,22 @@ def test_block_reduce_refuses_what_it_cannot_do() -> None:
   with pytest.raises(OptError, match="fewer than 2 threads"): apply_opts(ast, [Opt(BLOCK_REDUCE, 1, 1)])
   with pytest.raises(OptError, match="cores or on GPU threads"):
     apply_opts(ast, [Opt(OptOps.PARALLEL, 0), Opt(BLOCK_REDUCE, 1, 4)])
-  outputs = last_item(Tensor(rand(8, 8)) + 1).ast
+  outputs = last_item(Tensor(rand(8, 8)) + Tensor(rand(8))).ast
   for parallel_axis, threads_axis in ((0, 0), (0, 1)):   # THREADS on the parallel loop or beside it
     with pytest.raises(OptError, match="cores or on GPU threads"):
       apply_opts(outputs, [Opt(OptOps.PARALLEL, parallel_axis), Opt(THREADS, threads_axis, 2)])
 
 
 def test_grid_folds_extra_loops_and_blocks_respect_the_limit() -> None:
-  item = last_item(Tensor(rand(3, 4, 5, 6)) + 1)
+  transposed = lambda seed: Tensor(rand(6, 5, 4, 3, seed=seed)).permute(3, 2, 1, 0)  # noqa: E731 - four loops
+  item = last_item(transposed(0) + 1)
   mapped = map_to_gpu(apply_opts(item.ast, []), gpu_target("sm_90"))
   names = sorted(u.arg for u in mapped.toposort if u.op is Ops.SPECIAL)
   assert names == ["gidx0", "gidx1", "gidx2"]
   sizes = {u.arg: u.src[0].arg for u in mapped.toposort if u.op is Ops.SPECIAL}
   assert sizes == {"gidx0": 6, "gidx1": 5, "gidx2": 12}
-  np.testing.assert_allclose(run_on(Tensor(rand(3, 4, 5, 6, seed=3)) + 1, "sm_90", []), rand(3, 4, 5, 6, seed=3) + 1)
-  big = last_item(Tensor(rand(64, 64)) + 1).ast
+  np.testing.assert_allclose(run_on(transposed(3) + 1, "sm_90", []), rand(6, 5, 4, 3, seed=3).transpose(3, 2, 1, 0) + 1)
+  big = last_item(Tensor(rand(64, 64)) + Tensor(rand(64))).ast
   with pytest.raises(OptError, match="32 x 64 threads is more than sm_90.s 1024"):
     lower_kernel(big, [Opt(THREADS, 1, 32), Opt(THREADS, 0, 64)], gpu_target("sm_90"))
 
@@ -169,5 +171,5 @@ def test_large_kernels_get_vectors_and_register_blocks_and_stay_right(arch: str)
   assert sum(1 for o in opts if o.op is OptOps.LOCAL) == 2
   np.testing.assert_allclose(run_on(Tensor(a) @ Tensor(b), arch), a @ b, rtol=1e-4, atol=1e-4)
   x = rand(64, 1024, seed=2)
-  assert hand_coded_opts(last_item(Tensor(x) * 3).ast, gpu_target(arch))[0] == Opt(OptOps.UPCAST, 1, 4)
+  assert hand_coded_opts(last_item(Tensor(x) * 3).ast, gpu_target(arch))[0] == Opt(OptOps.UPCAST, 0, 4)  # one loop
   np.testing.assert_allclose(run_on(Tensor(x) * 3 + 1, arch), x * 3 + 1, rtol=1e-6)

@@ -151,7 +151,7 @@ def _conv2d(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
 
 @pytest.mark.parametrize("dtype", [np.int32, np.uint8, np.float16, np.float64])
 def test_dtypes_vectorize(dtype: type) -> None:
-  a, b = rand(5, 19, seed=1, dtype=dtype), rand(5, 19, seed=2, dtype=dtype)
+  a, b = rand(5, 19, seed=1, dtype=dtype), rand(19, seed=2, dtype=dtype)  # b broadcast: rows and columns stay loops
   for opts in ([Opt(OptOps.UPCAST, 1, 8)], [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 1, 2)]):
     got = run_item(last_kernel(Tensor(a) + Tensor(b)), opts).reshape(a.shape)
     np.testing.assert_allclose(got, a + b, rtol=1e-3)
@@ -162,7 +162,7 @@ def test_dtypes_vectorize(dtype: type) -> None:
 
 
 def test_booleans_vectorize() -> None:
-  a, b = rand(4, 21, seed=1, dtype=np.bool_), rand(4, 21, seed=2, dtype=np.bool_)
+  a, b = rand(4, 21, seed=1, dtype=np.bool_), rand(21, seed=2, dtype=np.bool_)  # b broadcast: two loops
   got = run_item(last_kernel(Tensor(a) & Tensor(b)), [Opt(OptOps.UPCAST, 1, 16)]).reshape(a.shape)
   np.testing.assert_array_equal(got, a & b)
   got = run_item(last_kernel(Tensor(a).any(1)), [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UNROLL, 1, 2)])

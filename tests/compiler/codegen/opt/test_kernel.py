@@ -51,7 +51,7 @@ def test_split_range_gates_what_a_remainder_would_overrun() -> None:
 
 
 def test_renumber_orders_the_loops_and_refuses_a_missing_range() -> None:
-  ast = _ast(Tensor.empty(3, 5) * 2)
+  ast = _ast(Tensor.empty(3, 5) * Tensor.empty(5))  # a row broadcast: two loops
   first, second = all_ranges(ast)
   swapped = renumber(ast, [second, first])
   assert [size_of(r) for r in all_ranges(swapped)] == [5, 3]
@@ -69,8 +69,8 @@ def test_applying_opts_in_turn_is_apply_opts_and_is_remembered() -> None:
 
 def test_equal_kernels_with_equal_opts_are_one_node() -> None:
   """Hash-consing plus renumbering: the same computation on other buffers of the same shape is the same kernel."""
-  one = apply_opts(_ast(Tensor.empty(8, 8) + 1), [Opt(OptOps.UPCAST, 1, 4)])
-  two = apply_opts(_ast(Tensor.empty(8, 8) + 1), [Opt(OptOps.UPCAST, 1, 4)])
+  one = apply_opts(_ast(Tensor.empty(8, 8) + Tensor.empty(8)), [Opt(OptOps.UPCAST, 1, 4)])
+  two = apply_opts(_ast(Tensor.empty(8, 8) + Tensor.empty(8)), [Opt(OptOps.UPCAST, 1, 4)])
   assert one is two
 
 
