@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from rawgrad import GlobalCounters
+from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.nn.optim import SGD, Adam, AdamW, Optimizer
 from rawgrad.tensor import Tensor
 
@@ -100,3 +101,37 @@ def test_small_parameters_of_different_sizes_share_a_kernel(name: str) -> None:
   optimizer = MAKERS[name](params)
   _kernels_per_step(optimizer, params)
   assert _kernels_per_step(optimizer, params) <= 3
+
+
+def _outputs_per_kernel(optimizer: Optimizer, params: list[Tensor]) -> list[int]:
+  for param in params: param.grad = Tensor.full(param.shape, 0.5).contiguous()
+  Tensor.realize(*[param.grad for param in params])
+  return sorted(item.outputs for item in create_schedule([t.uop for t in optimizer.schedule_step()]).items)
+
+
+def test_a_large_parameter_gets_a_kernel_of_its_own_beside_small_ones() -> None:
+  """MNIST's 5x5 weight (25600 elements) beside parameters of 800, 32 and 1: in one kernel every element would
+  compute every parameter's update, gated off outside its part (four times the work); the small ones share one."""
+  shapes = [(32, 32, 5, 5), (32, 1, 5, 5), (32,), (1,)]
+  params = [Tensor(np.ones(shape, np.float32), requires_grad=True) for shape in shapes]
+  optimizer = AdamW(params, lr=0.01)
+  _kernels_per_step(optimizer, params)
+  outputs = _outputs_per_kernel(optimizer, params)
+  assert outputs[-2:] == [3, 9], outputs  # the weight, its m and v; the others' (beside the step's own counters)
+  _run(lambda ps: AdamW(ps, lr=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), shapes)
+
+
+def test_parameters_larger_than_the_caches_are_updated_a_few_at_a_time() -> None:
+  """Eight parameters of 1 MB: AdamW reads and writes 32 buffers of them at the same index; kernels of at most 16
+  (four parameters) keep the streams through memory few enough to run at full bandwidth."""
+  shapes = [(512, 512)] * 8
+  params = [Tensor(np.ones(shape, np.float32), requires_grad=True) for shape in shapes]
+  optimizer = AdamW(params, lr=0.01)
+  _kernels_per_step(optimizer, params)
+  assert [n for n in _outputs_per_kernel(optimizer, params) if n > 1] == [12, 12]
+  # small parameters stay in one kernel however many buffers they have
+  small = [Tensor(np.ones((8, 4), np.float32), requires_grad=True) for _ in range(8)]
+  small_optimizer = AdamW(small, lr=0.01)
+  _kernels_per_step(small_optimizer, small)
+  assert max(_outputs_per_kernel(small_optimizer, small)) == 24
+  _run(lambda ps: AdamW(ps, lr=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), shapes)
