@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from rawgrad.compiler.ir import Ops, UOp, origins
 from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
 from rawgrad.compiler.symbolic import evaluate
+from rawgrad.errors import IndexOutOfRange
 from rawgrad.helpers import GlobalCounters
 from rawgrad.tensor import realize_tensors
 from rawgrad.tensor import Tensor
@@ -521,3 +522,42 @@ def test_merged_output_loops_compute_what_numpy_computes(shape: list[int], data:
   y = y[tuple(slice(0, 1) if axis in broadcast else slice(None) for axis in range(len(shape)))]
   got = (Tensor(x).permute(*order) * 2 + Tensor(np.ascontiguousarray(y))).numpy()
   np.testing.assert_array_equal(got, x.transpose(order) * 2 + y)
+
+
+def _has_reduce(tensor: Tensor) -> bool:
+  return any(node.op is Ops.REDUCE for item in schedule_of(tensor).items for node in item.ast.toposort)
+
+
+def test_an_embedding_reads_its_rows_not_every_row() -> None:
+  """The one-hot sum embedding and indexing are written as becomes a gather: no reduction over the 50 rows."""
+  weight = rand(50, 8)
+  indices = np.array([[1, 2, 3], [49, -1, 0]], np.int32)
+  picked = Tensor(weight)[Tensor(indices)]  # negative indices count from the end
+  assert not _has_reduce(picked)
+  np.testing.assert_array_equal(picked.numpy(), weight[indices])
+  embedded = Tensor(indices % 50).embedding(Tensor(weight))
+  assert not _has_reduce(embedded)
+  np.testing.assert_array_equal(embedded.numpy(), weight[indices % 50])
+  # a sum over the loop of something else than a selection stays a sum
+  assert _has_reduce(Tensor(weight).sum(0))
+
+
+def test_an_index_out_of_range_computed_on_the_device_reads_nothing_and_raises_at_the_read() -> None:
+  weight = Tensor(rand(50, 8))
+  far = Tensor(np.array([0, 1, 2], np.int32)) * 1_000_000_000 + 3  # out of range, known only once computed
+  picked = weight[far].realize()  # the gather runs (its check is computed beside it, read at the next read)
+  with pytest.raises(IndexOutOfRange, match="index 2000000003 is out of bounds for dim 0 with size 50"): picked.numpy()
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 5), min_size=1, max_size=3), data=st.data())
+def test_a_collapsed_gather_takes_what_numpy_takes(shape: list[int], data: st.DataObject) -> None:
+  axis = data.draw(st.integers(0, len(shape) - 1))
+  index_shape = [data.draw(st.integers(1, size)) if d != axis else data.draw(st.integers(1, 6))
+                 for d, size in enumerate(shape)]
+  x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) - 7
+  index = np.random.default_rng(len(shape) * 10 + axis).integers(0, shape[axis], index_shape).astype(np.int32)
+  got = Tensor(x).gather(axis, Tensor(index))
+  expected = np.take_along_axis(x[tuple(slice(0, s) if d != axis else slice(None) for d, s in enumerate(index_shape))],
+                                index, axis)
+  np.testing.assert_array_equal(got.numpy(), expected)
