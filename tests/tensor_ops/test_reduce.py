@@ -3,6 +3,8 @@ import numpy as np
 import pytest
 
 from rawgrad import Tensor, dtypes
+from rawgrad.compiler.ir import Ops
+from rawgrad.compiler.rangeify import create_schedule
 
 rng = np.random.default_rng(11)
 
@@ -56,6 +58,29 @@ def test_scans() -> None:
   np.testing.assert_array_equal(t.cummin(0).values.numpy(), np.minimum.accumulate(x, 0))
   ints = np.array([3, -2, 5, -2], np.int32)
   assert Tensor(ints).cumsum().tolist() == [3, 1, 6, 4] and Tensor(ints).cumsum().dtype == dtypes.int64
+
+
+@pytest.mark.parametrize("size", [65, 300])
+def test_long_scans_go_block_by_block_and_match_numpy(size: int) -> None:
+  """Longer than SCAN_BLOCK (64): blocks of 64 scanned alone, then the blocks' running totals added in, the last
+  block padded (65: one element in it); values and gradients as the one-step scan gives them."""
+  rng = np.random.default_rng(size)
+  long = rng.standard_normal((3, size)).astype(np.float32)
+  wide = long.astype(np.float64)
+  items = create_schedule([Tensor(long).cumsum(1).uop]).items
+  assert {r.src[0].arg for item in items for node in item.ast.toposort if node.op is Ops.REDUCE
+          for r in node.src[1:]} <= set(range(1, 65))  # no sum over more than a block (or the blocks' totals)
+  np.testing.assert_allclose(Tensor(long).cumsum(1).numpy(), np.cumsum(wide, 1), rtol=1e-5, atol=2e-5)
+  np.testing.assert_allclose(Tensor(long.T.copy()).cumsum(0).numpy(), np.cumsum(wide.T, 0), rtol=1e-5, atol=2e-5)
+  near_one = 1 + long * 0.01
+  np.testing.assert_allclose(Tensor(near_one).cumprod(1).numpy(), np.cumprod(near_one.astype(np.float64), 1), rtol=1e-5)
+  np.testing.assert_allclose(Tensor(long).logcumsumexp(1).numpy(), np.logaddexp.accumulate(wide, 1), rtol=1e-5)
+  ints = rng.integers(-9, 9, size).astype(np.int32)
+  assert Tensor(ints).cumsum().tolist() == np.cumsum(ints).tolist()
+  t = Tensor(wide, requires_grad=True)
+  (grad,) = (t.cumsum(1) * Tensor(np.arange(size, dtype=np.float64))).sum().gradient(t)
+  weights = np.arange(size, dtype=np.float64)
+  np.testing.assert_allclose(grad.numpy(), np.tile(np.cumsum(weights[::-1])[::-1], (3, 1)), rtol=1e-9)
 
 
 def test_reduction_gradients() -> None:
