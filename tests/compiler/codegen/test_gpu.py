@@ -173,3 +173,17 @@ def test_large_kernels_get_vectors_and_register_blocks_and_stay_right(arch: str)
   x = rand(64, 1024, seed=2)
   assert hand_coded_opts(last_item(Tensor(x) * 3).ast, gpu_target(arch))[0] == Opt(OptOps.UPCAST, 0, 4)  # one loop
   np.testing.assert_allclose(run_on(Tensor(x) * 3 + 1, arch), x * 3 + 1, rtol=1e-6)
+
+
+def test_a_tile_is_not_staged_for_a_load_whose_gate_differs_between_its_threads() -> None:
+  """Two sums side by side (a concatenation): each output column's threads read one of the inputs, gated by the
+  column. A shared tile is copied by all the block's threads for all of them, so with that gate the threads of the
+  other column would copy nothing: LOCAL refuses, and the default opts compute both sums (topk's passes on gfx1100
+  once read zeros)."""
+  a, b = rand(2, 3, 32, seed=4)
+  both = Tensor(a).sum(1, keepdim=True).cat(Tensor(b).sum(1, keepdim=True), dim=1)
+  ast = last_item(both).ast
+  opts = [Opt(THREADS, 0, 3), Opt(THREADS, 0, 2), Opt(OptOps.TILE, 0, 16), Opt(OptOps.LOCAL, 0, 1)]
+  with pytest.raises(OptError, match="gate depends on loops"): apply_opts(ast, opts)
+  for arch in ("sm_90", "gfx1100"):
+    np.testing.assert_allclose(run_on(both, arch).reshape(3, 2), np.stack([a.sum(1), b.sum(1)], 1), rtol=1e-5)

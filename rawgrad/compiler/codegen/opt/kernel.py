@@ -376,6 +376,10 @@ def stage_shared(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   threads = _threads(ranges)
   layout = inside + [r for r in ranges if range_kind(r) in (THREAD, UNROLL, UPCAST) and r in used]
   layout = sorted(layout, key=lambda r: -abs(stride(index, r) or 0))
+  # a thread copies elements for the others: a gate that differs between threads of one tile would leave holes
+  gate_ranges = {r for r in load.src[0].src[2].toposort if r.op is Ops.RANGE} if len(load.src[0].src) > 2 else set()
+  if private := sorted((r.arg[0] for r in gate_ranges - set(layout) if range_kind(r) in (THREAD, UNROLL, UPCAST))):
+    raise OptError(f"{opt}: the load's gate depends on loops {private}, which the tile does not span")
   sizes = [size_of(r) for r in layout]
   if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
   count, block = math.prod(sizes), math.prod(size_of(r) for r in threads)
