@@ -604,14 +604,14 @@ def _conjuncts(condition: UOp) -> list[UOp]:
 
 
 def _equals_loop(term: UOp, loop: UOp) -> UOp | None:
-  """e where term is `loop == e` (the loop maybe cast to an integer type that holds all of it), e free of the loop."""
+  """e where term is `loop == e` (the loop maybe cast to integer types that hold all of it), e free of the loop."""
   if term.op is not Ops.XOR or term.src[1].op is not Ops.CONST or term.src[1].arg is not True: return None
   unequal = term.src[0]
   if unequal.op is not Ops.CMPNE: return None
   for side, other in (unequal.src, unequal.src[::-1]):
-    if side is loop or (side.op is Ops.CAST and side.src[0] is loop and dtypes.is_int(side.dtype) and
-                        dtypes.max(side.dtype) >= loop.src[0].arg - 1):
-      if loop not in other.toposort: return other
+    while side.op is Ops.CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= loop.src[0].arg - 1:
+      side = side.src[0]
+    if side is loop and loop not in other.toposort: return other
   return None
 
 

@@ -1,6 +1,8 @@
 """The reductions and scans of tensor_ops/reduce.py, by value."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rawgrad import Tensor, dtypes
 from rawgrad.compiler.ir import Ops
@@ -96,3 +98,35 @@ def test_reduction_gradients() -> None:
   np.testing.assert_allclose(grad.numpy(), e / e.sum(1, keepdims=True), rtol=1e-6)
   (grad,) = v.cumsum(1).sum().gradient(v)
   np.testing.assert_allclose(grad.numpy(), np.tile(np.arange(6, 0, -1), (4, 1)))
+
+
+@settings(max_examples=10, deadline=None)  # each k builds its own kernels: a few seconds of compiling
+@given(size=st.integers(17, 90), k=st.integers(1, 6), largest=st.booleans(),
+       dtype=st.sampled_from([np.float32, np.float16, np.int32, np.int8]), seed=st.integers(0, 2**16))
+def test_a_small_topk_of_a_long_row_takes_what_the_sort_takes(size: int, k: int, largest: bool, dtype: type,
+                                                               seed: int) -> None:
+  """k <= 16 of more than 16: k passes, each taking the first of the best left; values and indices as the stable
+  sort's, with ties, nan (the largest) and -0.0 beside 0.0."""
+  rng = np.random.default_rng(seed)
+  x = rng.integers(-4, 4, (3, size)).astype(dtype)  # many ties
+  if dtype in (np.float32, np.float16):
+    x[0, rng.integers(0, size, 3)] = np.nan
+    x[1, rng.integers(0, size, 3)] = -0.0
+    x[2] = rng.standard_normal(size).astype(dtype)
+  t = Tensor(x)
+  values, indices = t.topk(k, 1, largest=largest)
+  sorted_values, sorted_indices = t.sort(1, descending=largest)
+  np.testing.assert_array_equal(indices.numpy(), sorted_indices.numpy()[:, :k])
+  np.testing.assert_array_equal(values.numpy(), sorted_values.numpy()[:, :k])
+  np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, indices.numpy(), 1))
+  assert values.dtype == t.dtype and indices.dtype == dtypes.int64
+
+
+def test_a_small_topk_is_not_a_sort() -> None:
+  """topk(8) of rows of 500: eight passes of 500 per row, not the sort's 500 x 500 comparisons per row."""
+  values = Tensor(np.random.default_rng(3).standard_normal((4, 500)).astype(np.float32)).topk(8, 1).values
+  work = 0
+  for item in create_schedule([values.uop]).items:
+    for node in item.ast.toposort:
+      if node.op is Ops.REDUCE: work += int(np.prod(item.dims)) * int(np.prod([r.src[0].arg for r in node.src[1:]]))
+  assert work < 4 * 500 * 500 // 10, work
