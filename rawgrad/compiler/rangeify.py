@@ -764,6 +764,7 @@ ELEMENTWISE = frozenset({*GroupOp.ALU, Ops.CAST, Ops.BITCAST, Ops.CONTIGUOUS, Op
 CONCATENATED_WASTE = 1 << 16  # outputs times the elements they are computed at outside their part (AdamW: ~30 us)
 MAX_STREAMS = 16               # buffers one kernel of a group reads and writes, when the group's buffers
 STREAMED_BYTES = 16 << 20      # come to this much at least (more than the caches hold: each is a stream from DRAM)
+STREAMED_DEVICES = ("CPU",)    # where that was measured
 
 
 class KernelCycle(RuntimeError):
@@ -834,8 +835,9 @@ def _split_streams(clusters: list[tuple[UOp, ...]], realizes: dict[UOp, str]) ->
   buffers at the same index, each a stream through memory, and too many of them defeat the prefetchers and the DRAM's
   open pages. AdamW steps (4 buffers per parameter), jit: 32 parameters of 65536 elements 55 -> 93 GB/s in kernels of
   16 buffers, the 12-layer transformer's 146 parameters 6.2 -> 3.6 ms; 64 of 4096 (7 MB, in the caches) ran 158 us
-  in one kernel and 199 us split, hence STREAMED_BYTES."""
-  if len(clusters) == 1: return [clusters]
+  in one kernel and 199 us split, hence STREAMED_BYTES. Measured on CPUs only: a GPU's memory serves many streams,
+  and each of its launches costs more (a jit replay on an H100: 7 us per kernel), so GPU groups stay whole."""
+  if len(clusters) == 1 or clusters[0][0].device.split(":")[0] not in STREAMED_DEVICES: return [clusters]
   streams = [_buffers_of_cluster(cluster, realizes) for cluster in clusters]
   if sum(prod(b.shape) * b.dtype.itemsize for b in set().union(*streams)) < STREAMED_BYTES: return [clusters]
   parts: list[list[tuple[UOp, ...]]] = [[]]

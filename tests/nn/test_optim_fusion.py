@@ -104,7 +104,7 @@ def test_small_parameters_of_different_sizes_share_a_kernel(name: str) -> None:
 
 
 def _outputs_per_kernel(optimizer: Optimizer, params: list[Tensor]) -> list[int]:
-  for param in params: param.grad = Tensor.full(param.shape, 0.5).contiguous()
+  for param in params: param.grad = Tensor.full(param.shape, 0.5, device=param.device).contiguous()
   Tensor.realize(*[param.grad for param in params])
   return sorted(item.outputs for item in create_schedule([t.uop for t in optimizer.schedule_step()]).items)
 
@@ -134,4 +134,7 @@ def test_parameters_larger_than_the_caches_are_updated_a_few_at_a_time() -> None
   small_optimizer = AdamW(small, lr=0.01)
   _kernels_per_step(small_optimizer, small)
   assert max(_outputs_per_kernel(small_optimizer, small)) == 24
+  # measured on CPUs only: on a GPU (here the simulated one) the large group stays one kernel
+  on_gpu = [Tensor(np.ones(shape, np.float32), device="SIM", requires_grad=True) for shape in shapes]
+  assert max(_outputs_per_kernel(AdamW(on_gpu, lr=0.01), on_gpu)) == 24
   _run(lambda ps: AdamW(ps, lr=0.01), lambda ps: torch.optim.AdamW(ps, lr=0.01, foreach=True), shapes)
