@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+import struct
 
 from rawgrad.compiler.ir import Ops, UOp, threefry_packed
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite
@@ -31,6 +32,7 @@ from rawgrad.dtype import DType, dtypes
 F64, I64, U64 = dtypes.float64, dtypes.int64, dtypes.uint64
 MASK32 = 0xFFFFFFFF
 ROUNDING = 1.5 * 2.0 ** 52   # x + ROUNDING - ROUNDING rounds x (|x| < 2^51) to the nearest integer, ties to even
+ROUNDING_BITS = struct.unpack("<q", struct.pack("<d", ROUNDING))[0]
 CODY_WAITE_LIMIT = 2.0 ** 20
 
 
@@ -38,8 +40,12 @@ def _const(value: float | int, dtype: DType = F64) -> UOp:
   return UOp.const(dtype, value)
 
 
-def _round_even(x: UOp) -> UOp:
-  return (x + ROUNDING) - ROUNDING
+def _round_even(x: UOp) -> tuple[UOp, UOp]:
+  """x (|x| < 2^51) rounded to the nearest integer, ties to even, as a float64 and as an int64. The sum x + ROUNDING
+  holds the integer in its low mantissa bits, so no conversion instruction is needed (AVX2 has none from float64 to
+  int64: LLVM converts lane by lane)."""
+  shifted = x + ROUNDING
+  return shifted - ROUNDING, shifted.bitcast(I64) - ROUNDING_BITS
 
 
 def _horner(x: UOp, coefficients: list[float]) -> UOp:
@@ -64,9 +70,8 @@ def exp2_f64(x: UOp, narrow: bool = False) -> UOp:
   and, as every such result is a normal double, one power of two."""
   limit = 160.0 if narrow else 1100.0
   clamped = (x < -limit).where(_const(-limit), (x > limit).where(_const(limit), x))
-  n = _round_even(clamped)
+  n, k = _round_even(clamped)
   fraction = clamped - n
-  k = n.cast(I64)
   if narrow: return x.ne(x).where(x, _horner(fraction, _EXP2_TAYLOR[:12]) * _power_of_two(k))
   half = k >> 1  # floor(k/2): both factors stay normal numbers
   result = _horner(fraction, _EXP2_TAYLOR) * _power_of_two(half) * _power_of_two(k - half)
@@ -176,9 +181,9 @@ _PI_OVER_2_LOW = 2.0222662487959506e-21
 
 def _cody_waite(magnitude: UOp) -> tuple[UOp, UOp]:
   """|x| * 2/pi = quadrant + r for |x| < 2^20: k = round(|x| * 2/pi), r = (|x| - k*pi/2) / (pi/2)."""
-  k = _round_even(magnitude * (2 / math.pi))
+  k, quadrant = _round_even(magnitude * (2 / math.pi))
   reduced = ((magnitude - k * _PI_OVER_2_HIGH) - k * _PI_OVER_2_MIDDLE) - k * _PI_OVER_2_LOW
-  return k.cast(I64), reduced * (2 / math.pi)
+  return quadrant, reduced * (2 / math.pi)
 
 
 def sin_f64(x: UOp, narrow: bool = False) -> UOp:
