@@ -14,7 +14,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from rawgrad.compiler.codegen.opt.kernel import stride as stride_along
+from rawgrad.compiler.codegen.gates import clauses
+from rawgrad.compiler.codegen.opt.kernel import LOOP, stride as stride_along
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
@@ -580,7 +581,7 @@ def _selection(reduce: UOp) -> tuple[UOp, UOp] | None:
   if reduce.op is not Ops.REDUCE or reduce.arg is not Ops.ADD: return None
   select = reduce.src[0]
   if select.op is not Ops.WHERE or select.src[2].op is not Ops.CONST or select.src[2].arg != 0: return None
-  terms = _conjuncts(select.src[0])
+  terms = clauses(select.src[0])
   for loop in reduce.src[1:]:
     if loop.src[0].op is not Ops.CONST or loop.src[0].arg < 1: continue
     for term in terms:
@@ -595,12 +596,6 @@ def _selection(reduce: UOp) -> tuple[UOp, UOp] | None:
       others = tuple(r for r in reduce.src[1:] if r is not loop)
       return reduce, (UOp(Ops.REDUCE, reduce.dtype, (collapsed, *others), Ops.ADD) if others else collapsed)
   return None
-
-
-def _conjuncts(condition: UOp) -> list[UOp]:
-  if condition.op is Ops.AND and condition.dtype == dtypes.bool:
-    return [term for source in condition.src for term in _conjuncts(source)]
-  return [condition]
 
 
 def _equals_loop(term: UOp, loop: UOp) -> UOp | None:
@@ -638,7 +633,7 @@ def merge_loops(sink: UOp) -> UOp:
 
 def _nested_pairs(sink: UOp) -> Iterator[tuple[UOp, UOp]]:
   """(outer, inner) of constant sizes, consecutive output loops or consecutive loops of a REDUCE."""
-  outputs = [node for node in sink.toposort if node.op is Ops.RANGE and node.arg[1] == "loop"]
+  outputs = [node for node in sink.toposort if node.op is Ops.RANGE and node.arg[1] == LOOP]
   reduces = [node.src[1:] for node in sink.toposort if node.op is Ops.REDUCE]
   for group in (sorted(loops, key=lambda r: r.arg[0]) for loops in (outputs, *reduces)):
     for outer, inner in zip(group, group[1:]):
@@ -836,7 +831,8 @@ def _split_streams(clusters: list[tuple[UOp, ...]], realizes: dict[UOp, str]) ->
   open pages. AdamW steps (4 buffers per parameter), jit: 32 parameters of 65536 elements 55 -> 93 GB/s in kernels of
   16 buffers, the 12-layer transformer's 146 parameters 6.2 -> 3.6 ms; 64 of 4096 (7 MB, in the caches) ran 158 us
   in one kernel and 199 us split, hence STREAMED_BYTES. Measured on CPUs only: a GPU's memory serves many streams,
-  and each of its launches costs more (a jit replay on an H100: 7 us per kernel), so GPU groups stay whole."""
+  and each of its launches costs more (a jit replay on an H100: 7.3 us per kernel, docs/hardware.md), so GPU
+  groups stay whole."""
   if len(clusters) == 1 or clusters[0][0].device.split(":")[0] not in STREAMED_DEVICES: return [clusters]
   streams = [_buffers_of_cluster(cluster, realizes) for cluster in clusters]
   if sum(prod(b.shape) * b.dtype.itemsize for b in set().union(*streams)) < STREAMED_BYTES: return [clusters]
