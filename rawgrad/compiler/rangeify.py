@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from rawgrad.compiler.codegen.gates import clauses
-from rawgrad.compiler.codegen.opt.kernel import LOOP, stride as stride_along
+from rawgrad.compiler.codegen.opt.kernel import ACCUMULATE, LOOP, renumber, stride as stride_along
 from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
@@ -578,23 +578,41 @@ def collapse_selections(sink: UOp) -> UOp:
 
 def _selection(reduce: UOp) -> tuple[UOp, UOp] | None:
   """(reduce, what it collapses to) when `reduce` sums a selection by one of its loops."""
-  if reduce.op is not Ops.REDUCE or reduce.arg is not Ops.ADD: return None
-  select = reduce.src[0]
-  if select.op is not Ops.WHERE or select.src[2].op is not Ops.CONST or select.src[2].arg != 0: return None
-  terms = clauses(select.src[0])
+  if (selection := _summed_selection(reduce)) is None: return None
   for loop in reduce.src[1:]:
-    if loop.src[0].op is not Ops.CONST or loop.src[0].arg < 1: continue
-    for term in terms:
-      if (picked := _equals_loop(term, loop)) is None: continue
-      in_range = (picked < UOp.const(picked.dtype, 0)).logical_not() & \
-        (picked < UOp.const(picked.dtype, loop.src[0].arg))
-      at = in_range.where(picked if picked.dtype == dtypes.index else picked.cast(dtypes.index), 0)
-      condition = in_range
-      for other in terms:
-        if other is not term: condition = condition & substitute(other, {loop: at})
-      collapsed = condition.where(substitute(select.src[1], {loop: at}), select.src[2])
-      others = tuple(r for r in reduce.src[1:] if r is not loop)
-      return reduce, (UOp(Ops.REDUCE, reduce.dtype, (collapsed, *others), Ops.ADD) if others else collapsed)
+    if (picked := _picked(*selection, loop)) is None: continue
+    condition, value, _ = picked
+    collapsed = condition.where(value, UOp.const(reduce.dtype, 0))
+    others = tuple(r for r in reduce.src[1:] if r is not loop)
+    return reduce, (UOp(Ops.REDUCE, reduce.dtype, (collapsed, *others), Ops.ADD) if others else collapsed)
+  return None
+
+
+def _summed_selection(reduce: UOp) -> tuple[UOp, UOp] | None:
+  """(condition, value) where `reduce` sums `where(condition, value, 0)`, or a condition cast to a number (value 1:
+  a count)."""
+  if reduce.op is not Ops.REDUCE or reduce.arg is not Ops.ADD: return None
+  body = reduce.src[0]
+  if body.op is Ops.WHERE and body.src[2].op is Ops.CONST and body.src[2].arg == 0: return body.src[0], body.src[1]
+  if body.op is Ops.CAST and body.src[0].dtype == dtypes.bool: return body.src[0], UOp.const(body.dtype, 1)
+  return None
+
+
+def _picked(condition: UOp, value: UOp, loop: UOp) -> tuple[UOp, UOp, UOp] | None:
+  """Where condition = `loop == e & rest`, e free of the loop: the condition and the value at loop = e, and `at`, the
+  loop's value there. Where e is out of the loop's range the condition is false and at is 0 (so an address computed
+  from it stays in its buffer)."""
+  if loop.src[0].op is not Ops.CONST or loop.src[0].arg < 1: return None
+  terms = clauses(condition)
+  for term in terms:
+    if (picked := _equals_loop(term, loop)) is None: continue
+    in_range = (picked < UOp.const(picked.dtype, 0)).logical_not() & \
+      (picked < UOp.const(picked.dtype, loop.src[0].arg))
+    at = in_range.where(picked if picked.dtype == dtypes.index else picked.cast(dtypes.index), 0)
+    picked_condition = in_range
+    for other in terms:
+      if other is not term: picked_condition = picked_condition & substitute(other, {loop: at})
+    return picked_condition, substitute(value, {loop: at}), at
   return None
 
 
@@ -607,6 +625,51 @@ def _equals_loop(term: UOp, loop: UOp) -> UOp | None:
     while side.op is Ops.CAST and dtypes.is_int(side.dtype) and dtypes.max(side.dtype) >= loop.src[0].arg - 1:
       side = side.src[0]
     if side is loop and loop not in other.toposort: return other
+  return None
+
+
+SCATTER_DEVICES = ("CPU",)  # where it was measured (see scatter_sum)
+SCATTER_MIN_SAVING = 8       # times less work than the one-hot sum it replaces, at least
+SCATTER_MIN_WORK = 1 << 21   # element-operations of the one-hot sum below which it is as quick as two launches
+
+
+def scatter_sum(kernel: UOp) -> tuple[UOp, UOp] | None:
+  """(fill, scatter), two kernels that store what `kernel` does, where it stores a sum over loops p of
+  `where(v == e & rest, value, 0)`, v an output loop and e free of it: each term lands in the one row v = e (an
+  embedding's or index_select's weight gradient, a gather's, bincount, one_hot(labels).T @ x). The fill stores zeros;
+  the scatter runs the loops p in order (ACCUMULATE loops: never split, parallel or expanded) and adds each term to
+  the row it lands in, read back from the output. Its other output loops may still run on all cores and as vectors:
+  their iterations land on distinct elements. Each element gets the same terms in the same order as the sum did, so
+  the same result, for work (rows + terms) x the other outputs instead of rows x terms x them (an embedding's
+  gradient of 8192 indices into 50000 rows of 256: 1.7 s -> ...). An index out of range adds nothing, as in the sum.
+  Not done on GPUs: the loops p would run one after another in every thread, and only the other outputs make
+  threads."""
+  if len(kernel.src) != 1: return None
+  store = kernel.src[0]
+  place, stored = store.src[0], store.src[1]
+  total, base = stored, UOp.const(stored.dtype, 0)
+  if stored.op is Ops.ADD and Ops.REDUCE in (stored.src[0].op, stored.src[1].op):
+    total, base = stored.src if stored.src[0].op is Ops.REDUCE else stored.src[::-1]
+  if len(place.src) != 2 or (selection := _summed_selection(total)) is None: return None
+  terms = total.src[1:]
+  if any(r in base.toposort for r in terms): return None
+  if any(r.src[0].op is not Ops.CONST for r in terms): return None
+  count = prod(r.src[0].arg for r in terms)
+  output = place.src[0]
+  if any(node.op is Ops.INDEX and node.src[0] is output and node is not place for node in kernel.toposort): return None
+  outputs = sorted((r for r in place.src[1].toposort if r.op is Ops.RANGE), key=lambda r: r.arg[0])
+  for row in outputs:
+    if (picked := _picked(*selection, row)) is None: continue
+    rows, others = row.src[0].arg, prod(r.src[0].arg for r in outputs if r is not row and r.src[0].op is Ops.CONST)
+    if rows * count < SCATTER_MIN_SAVING * (rows + count) or rows * count * others < SCATTER_MIN_WORK: return None
+    condition, value, at = picked
+    target = UOp(Ops.INDEX, place.dtype, (output, substitute(place.src[1], {row: at}), condition))
+    adds = store.replace(src=(target, UOp(Ops.LOAD, total.dtype, (target,)) + value))
+    sequential = {r: r.replace(arg=(r.arg[0], ACCUMULATE)) for r in terms}
+    scatter = simplify(substitute(kernel.replace(src=(adds,)), sequential))
+    scatter = renumber(scatter, [*sequential.values(), *(r for r in outputs if r is not row)])
+    fill = kernel.replace(src=(store.replace(src=(place, base)),))
+    return fill, scatter
   return None
 
 
@@ -725,6 +788,14 @@ class KernelEmitter:
       return [(copy_item(node, self.buffers_of[node], source), (node,))]
     builder = KernelBuilder(group, [self.buffers_of[member] for member in group], self.buffers_of, self.memo)
     ast = builder.build()
+    # (not into an assign's buffer: its old contents may still be read by a kernel the fill must wait for)
+    if len(group) == 1 and node.op is not Ops.ASSIGN and node.device.split(":")[0] in SCATTER_DEVICES and \
+       (scattered := scatter_sum(ast)):
+      fill, scatter = scattered
+      if DEBUG >= 3: print(f"kernel {ast.arg}: a sum of terms that each land in one row, scattered after a fill")
+      # the fill has no roots: nothing orders it but its place in the list, before the scatter that reads its stores
+      return [(self.part_item(fill.replace(arg=kernel_name(builder.dims, fill)), builder, ()), ()),
+              (self.part_item(scatter, builder, tuple(builder.operations)), tuple(group))]
     if len(group) > 1:
       if (problem := self.unfusable(ast, builder)) is not None:
         if DEBUG >= 2: print(f"kernel group of {len(group)} outputs split: {problem}")
@@ -742,6 +813,17 @@ class KernelEmitter:
     item = ScheduleItem(ast, tuple(builder.params), tuple(builder.var_values.items()), tuple(builder.dims),
                         tuple(builder.operations), tuple(builder.binds.items()), len(group))
     return [(item, tuple(group))]
+
+  def part_item(self, kernel: UOp, builder: KernelBuilder, operations: tuple[str, ...]) -> ScheduleItem:
+    """The item of one of the kernels a scatter is built as: the builder's parameters and variables it uses."""
+    used = set(kernel.toposort)
+    params = [(buffer, define) for buffer, define in builder.params.items() if define in used]
+    kernel = substitute(kernel, {define: define.replace(arg=i) for i, (_, define) in enumerate(params)})
+    if SPEC: verify_kernel(kernel)
+    if DEBUG >= 3: print(f"kernel {kernel.arg}:\n{kernel}")
+    return ScheduleItem(kernel, tuple(buffer for buffer, _ in params),
+                        tuple((v, x) for v, x in builder.var_values.items() if v in used), tuple(builder.dims),
+                        operations, tuple((v, b) for v, b in builder.binds.items() if v in used))
 
   def unfusable(self, ast: UOp, builder: KernelBuilder) -> str | None:
     """Why this multi-output kernel cannot run as one (None if it can)."""

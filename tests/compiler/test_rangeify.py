@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rawgrad.compiler import rangeify
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opts
 from rawgrad.compiler.ir import Ops, UOp, origins
 from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
 from rawgrad.compiler.symbolic import evaluate
@@ -568,3 +570,135 @@ def test_a_collapsed_gather_takes_what_numpy_takes(shape: list[int], data: st.Da
   expected = np.take_along_axis(x[tuple(slice(0, s) if d != axis else slice(None) for d, s in enumerate(index_shape))],
                                 index, axis)
   np.testing.assert_array_equal(got.numpy(), expected)
+
+
+# *** a one-hot sum whose terms each land in one row is a scatter ***
+
+def _scatter_kinds(tensor: Tensor) -> list[str]:
+  """Per kernel: "fill" (stores without loading), "scatter" (adds its terms in order: accumulate loops, no
+  reduction), "sum" (a reduction) or "elementwise"."""
+  kinds = []
+  for item in schedule_of(tensor).items:
+    nodes = item.ast.toposort
+    sums = any(n.op is Ops.REDUCE for n in nodes)
+    if any(n.op is Ops.RANGE and n.arg[1] == "accumulate" for n in nodes) and not sums: kinds.append("scatter")
+    elif sums: kinds.append("sum")
+    else: kinds.append("elementwise" if any(n.op is Ops.LOAD for n in nodes) else "fill")
+  return kinds
+
+
+def _weight_gradient(weight: np.ndarray, pick, upstream: np.ndarray) -> Tensor:
+  w = Tensor(weight, requires_grad=True)
+  (pick(w) * Tensor(upstream)).sum().backward()
+  return w.grad
+
+
+def test_an_embedding_gradient_adds_each_row_where_its_index_points() -> None:
+  """The weight gradient of an embedding, index_select or gather sums one-hot rows: a fill of zeros, then each
+  term added to its row in order, the same result as the sum (np.add.at adds in the same order: equal bits)."""
+  rows, width, picks = 1000, 16, 512
+  rng = np.random.default_rng(0)
+  index = rng.integers(-rows, rows, picks).astype(np.int32)
+  index[:8] = index[8]  # repeated rows add up
+  upstream = rand(picks, width, seed=4)
+  grad = _weight_gradient(np.zeros((rows, width), np.float32), lambda w: w[Tensor(index)], upstream)
+  assert _scatter_kinds(grad) == ["fill", "scatter"]
+  expected = np.zeros((rows, width), np.float32)
+  np.add.at(expected, index % rows, upstream)
+  np.testing.assert_array_equal(grad.numpy(), expected)
+  # again with other indices: the schedule remembered for this graph's shape
+  other = rng.integers(0, rows, picks).astype(np.int32)
+  grad = _weight_gradient(np.zeros((rows, width), np.float32), lambda w: w.index_select(0, Tensor(other)), upstream)
+  expected = np.zeros((rows, width), np.float32)
+  np.add.at(expected, other, upstream)
+  np.testing.assert_array_equal(grad.numpy(), expected)
+  # a gather along the rows: each column has its own indices
+  columns = rng.integers(0, rows, (picks, width)).astype(np.int32)
+  grad = _weight_gradient(np.zeros((rows, width), np.float32), lambda w: w.gather(0, Tensor(columns)), upstream)
+  assert _scatter_kinds(grad) == ["fill", "scatter"]
+  expected = np.zeros((rows, width), np.float32)
+  np.add.at(expected, (columns, np.arange(width)), upstream)
+  np.testing.assert_array_equal(grad.numpy(), expected)
+
+
+def test_scatter_add_and_a_count_by_index_are_scattered_after_their_start() -> None:
+  rows, width, picks = 1000, 16, 512
+  rng = np.random.default_rng(1)
+  base, source = rand(rows, width, seed=5), rand(picks, width, seed=6)
+  index = rng.integers(0, rows, (picks, width)).astype(np.int32)
+  added = Tensor(base).scatter_add(0, Tensor(index), Tensor(source))
+  assert _scatter_kinds(added) == ["elementwise", "scatter"]  # the fill copies the base
+  expected = base.copy()
+  np.add.at(expected, (index, np.arange(width)), source)
+  np.testing.assert_array_equal(added.numpy(), expected)
+  labels = rng.integers(0, rows, 8192).astype(np.int32)
+  counts = (Tensor(labels).unsqueeze(1) == Tensor.arange(rows)).sum(0)  # a bool cast to a number: a count
+  assert _scatter_kinds(counts) == ["fill", "scatter"]
+  np.testing.assert_array_equal(counts.numpy(), np.bincount(labels, minlength=rows))
+
+
+def test_a_scatter_larger_than_the_caches_adds_to_what_it_stored() -> None:
+  """An output this large would get streamed stores, which a kernel that reads back what it stored must not use."""
+  rows, width, picks = 32768, 128, 256
+  index = np.random.default_rng(2).integers(0, rows, picks).astype(np.int32)
+  upstream = rand(picks, width, seed=7)
+  grad = _weight_gradient(np.zeros((rows, width), np.float32), lambda w: w[Tensor(index)], upstream)
+  assert _scatter_kinds(grad) == ["fill", "scatter"]
+  expected = np.zeros((rows, width), np.float32)
+  np.add.at(expected, index, upstream)
+  np.testing.assert_array_equal(grad.numpy(), expected)
+
+
+def test_small_and_few_row_one_hot_sums_and_products_stay_sums() -> None:
+  rng = np.random.default_rng(3)
+  # too little work to pay for a second launch
+  small = rng.integers(0, 50, 64).astype(np.int32)
+  assert _scatter_kinds(_weight_gradient(rand(50, 8), lambda w: w[Tensor(small)], rand(64, 8))) == ["sum"]
+  # four rows: the scatter would save too little
+  few = rng.integers(0, 4, 65536).astype(np.int32)
+  grad = _weight_gradient(rand(4, 16), lambda w: w[Tensor(few)], np.ones((65536, 16), np.float32))
+  assert _scatter_kinds(grad) == ["sum"]
+  np.testing.assert_array_equal(grad.numpy(), np.repeat(np.bincount(few, minlength=4)[:, None], 16, 1))
+  # a one-hot matrix times values is a product: 0 * inf is nan in every row, not only in the row picked
+  labels = rng.integers(0, 1000, 512).astype(np.int32)
+  values = rand(512, 16)
+  values[3, 0] = np.inf
+  product = Tensor(labels).one_hot(1000).float().T @ Tensor(values)
+  assert _scatter_kinds(product) == ["sum"]
+  with np.errstate(invalid="ignore"): expected = np.eye(1000, dtype=np.float32)[labels].T @ values
+  assert np.isnan(expected[:, 0]).sum() == 999
+  np.testing.assert_allclose(product.numpy(), expected, rtol=1e-5, atol=1e-5)
+  # on a GPU (here the simulated one) the terms would run one after another in each thread: it stays a sum
+  on_gpu = Tensor(np.zeros((1000, 16), np.float32), device="SIM", requires_grad=True)
+  (on_gpu[Tensor(labels, device="SIM")] * Tensor(values, device="SIM")).sum().backward()
+  assert _scatter_kinds(on_gpu.grad) == ["sum"]
+
+
+def test_a_stored_parameter_is_not_staged() -> None:
+  """A local copy of what the scatter reads back would miss what it stored since."""
+  grad = _weight_gradient(np.zeros((1000, 16), np.float32), lambda w: w[Tensor(np.arange(512, dtype=np.int32))],
+                          rand(512, 16))
+  scatter = schedule_of(grad).items[-1].ast
+  with pytest.raises(OptError, match="stores into parameter 0"):
+    apply_opts(scatter, [Opt(OptOps.PARALLEL, 1), Opt(OptOps.LOCAL, 0, 0)])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 9), width=st.integers(1, 20), picks=st.integers(1, 40), seed=st.integers(0, 1 << 16))
+def test_scattered_sums_add_what_numpy_adds(rows: int, width: int, picks: int, seed: int) -> None:
+  rng = np.random.default_rng(seed)
+  base, source = rand(rows, width, seed=seed), rand(picks, width, seed=seed + 1)
+  index = rng.integers(0, rows, (picks, width)).astype(np.int32)
+  with pytest.MonkeyPatch.context() as patch:  # every size scattered
+    patch.setattr(rangeify, "SCATTER_MIN_WORK", 0)
+    patch.setattr(rangeify, "SCATTER_MIN_SAVING", 0)
+    added = Tensor(base).scatter_add(0, Tensor(index), Tensor(source))
+    # (a loop of one row or one term is no loop)
+    scattered = "scatter" in _scatter_kinds(added)
+    assert scattered == (rows > 1 and picks > 1)
+    got = added.numpy()
+  expected = base.copy()
+  np.add.at(expected, (index, np.arange(width)), source)
+  # scattered, the terms are added to the base one by one, as np.add.at adds them; a sum adds them up first
+  if scattered: np.testing.assert_array_equal(got, expected)
+  else: np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)

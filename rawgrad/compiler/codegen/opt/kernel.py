@@ -352,6 +352,9 @@ def _staged_load(ast: UOp, opt: Opt) -> UOp:
   loads = {node for node in ast.toposort if node.op is Ops.LOAD and node.src[0].op is Ops.INDEX
            and node.src[0].src[0].op is Ops.DEFINE_GLOBAL and node.src[0].src[0].arg == opt.amount}
   copying = {node for staging in ast.toposort if is_staging(staging) for node in staging.toposort if node in loads}
+  if any(store.op is Ops.STORE and store.src[0].src[0].op is Ops.DEFINE_GLOBAL and store.src[0].src[0].arg == opt.amount
+         for store in ast.src):
+    raise OptError(f"{opt}: the kernel stores into parameter {opt.amount}; a staged copy would not see its stores")
   if copying: raise OptError(f"{opt}: parameter {opt.amount} is staged already")
   if len(loads) != 1: raise OptError(f"{opt}: the kernel has {len(loads)} different loads of parameter {opt.amount}")
   return loads.pop()
