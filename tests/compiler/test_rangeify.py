@@ -637,6 +637,23 @@ def test_scatter_add_and_a_count_by_index_are_scattered_after_their_start() -> N
   np.testing.assert_array_equal(counts.numpy(), np.bincount(labels, minlength=rows))
 
 
+def test_a_scattered_sum_that_another_kernel_would_compute_inside_gets_its_own() -> None:
+  """An SGD step subtracts the gradient where it computes it: the sum becomes a buffer, scattered, and the step reads
+  it (computed inside the step's kernel, it would be the one-hot sum over every row)."""
+  rows, width, picks = 1000, 16, 512
+  weight, upstream = rand(rows, width, seed=8), rand(picks, width, seed=9)
+  index = np.random.default_rng(4).integers(0, rows, picks).astype(np.int32)
+  w = Tensor(weight, requires_grad=True)
+  (w[Tensor(index)] * Tensor(upstream)).sum().backward()
+  stepped = w.detach() - 0.5 * w.grad
+  schedule = schedule_of(stepped)
+  assert _scatter_kinds(stepped) == ["fill", "scatter", "elementwise"]
+  assert any("scattered" in reason for reason in schedule.reasons.values())
+  gradient = np.zeros((rows, width), np.float32)
+  np.add.at(gradient, index, upstream)
+  np.testing.assert_array_equal(stepped.numpy(), weight - np.float32(0.5) * gradient)
+
+
 def test_a_scatter_larger_than_the_caches_adds_to_what_it_stored() -> None:
   """An output this large would get streamed stores, which a kernel that reads back what it stored must not use."""
   rows, width, picks = 32768, 128, 256
