@@ -664,8 +664,12 @@ def scatter_sum(kernel: UOp) -> tuple[UOp, UOp] | None:
   adds = store.replace(src=(target, UOp(Ops.LOAD, total.dtype, (target,)) + value))
   sequential = {r: r.replace(arg=(r.arg[0], ACCUMULATE)) for r in total.src[1:]}
   scatter = simplify(substitute(kernel.replace(src=(adds,)), sequential))
-  scatter = renumber(scatter, [*sequential.values(), *(r for r in outputs if r is not row)])
-  return kernel.replace(src=(store.replace(src=(place, base)),)), scatter
+  # any order of the loops adds each element's terms in order: the loops the terms' reads move far along go outside
+  loads = [node.src[0].src[1] for node in scatter.toposort if node.op is Ops.LOAD and node.src[0].src[0] is not output]
+  def reach(loop: UOp) -> int:
+    return max((1 << 62 if (jump := stride_along(i, loop)) is None else abs(jump) for i in loads), default=0)
+  loops = sorted([*sequential.values(), *(r for r in outputs if r is not row)], key=reach, reverse=True)
+  return kernel.replace(src=(store.replace(src=(place, base)),)), renumber(scatter, loops)
 
 
 def _scattered_row(total: UOp, outputs: list[UOp]) -> tuple[UOp, UOp, UOp, UOp] | None:

@@ -631,6 +631,14 @@ def test_scatter_add_and_a_count_by_index_are_scattered_after_their_start() -> N
   expected = base.copy()
   np.add.at(expected, (index, np.arange(width)), source)
   np.testing.assert_array_equal(added.numpy(), expected)
+  # along dim 1 each row's terms are contiguous: the terms' loop goes inside the rows' (along dim 0, outside)
+  for dim, innermost in ((0, "loop"), (1, "accumulate")):
+    flip = (lambda a: a) if dim == 0 else (lambda a: a.T.copy())
+    along = Tensor(flip(base)).scatter_add(dim, Tensor(flip(index)), Tensor(flip(source)))
+    assert _scatter_kinds(along) == ["elementwise", "scatter"]
+    loops = [n for n in schedule_of(along).items[-1].ast.toposort if n.op is Ops.RANGE]
+    assert max(loops, key=lambda r: r.arg[0]).arg[1] == innermost
+    np.testing.assert_array_equal(along.numpy(), flip(expected))
   labels = rng.integers(0, rows, 8192).astype(np.int32)
   counts = (Tensor(labels).unsqueeze(1) == Tensor.arange(rows)).sum(0)  # a bool cast to a number: a count
   assert _scatter_kinds(counts) == ["fill", "scatter"]
