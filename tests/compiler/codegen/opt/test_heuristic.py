@@ -104,6 +104,23 @@ def test_the_chosen_opts_compute_the_right_values(name: str, build: Callable[[Te
 WIDE = replace(AVX2, vector_bytes=64, vector_registers=32)  # AVX-512: 16 float lanes
 
 
+@pytest.mark.parametrize("target", [AVX2, WIDE], ids=["avx2", "avx512"])
+def test_a_linear_layer_packs_its_weight_rows_into_lanes_instead_of_summing_dot_products(target: Target) -> None:
+  """x @ W.T (W as a linear layer stores it, outputs by inputs) reads both operands along the sum: as dot products
+  each output would sum its lanes and what follows the sum (a GELU) would run one output at a time. The lanes go
+  along W's rows instead, W packed; where a packed copy would serve few outputs (10 classes), they stay dot products."""
+  x, w = rng.standard_normal((96, 128)).astype(np.float32), rng.standard_normal((64, 128)).astype(np.float32)
+  item = last_kernel((Tensor(x) @ Tensor(w).T).relu())
+  opts = hand_coded_opts(item.ast, target)
+  lanes = target.vector_bytes // 4
+  assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and opts[-1] == Opt(OptOps.LOCAL, 0, 2), opts  # W is parameter 2
+  for cores in (1, 4):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(96, 64), np.maximum(x @ w.T, 0), rtol=1e-4,
+                               atol=1e-4)
+  few = hand_coded_opts(_ast(Tensor.empty(128, 576) @ Tensor.empty(10, 576).T), target)
+  assert few[0] == Opt(OptOps.UPCAST, 2, lanes) and OptOps.LOCAL not in _ops(few), few
+
+
 def _conv(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
   x = np.pad(x, ((0, 0), (0, 0), (padding, padding), (padding, padding)))
   windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))  # n, cin, oh, ow, kh, kw
