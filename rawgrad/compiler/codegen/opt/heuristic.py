@@ -34,11 +34,13 @@
    each block is read from the L2 cache by every output, and the outputs add up the blocks' sums in memory. A block
    spans BLOCK_MIN_ITERATIONS of the sum at least, and a sum is cut into MIN_BLOCKS or more. A packed load is already
    read a tile at a time.
-8. A scatter (rangeify.scatter_sum: its terms' loops are accumulate loops from the start) runs as it is: the terms in
-   order, each adding its row, which LLVM vectorizes where the row is contiguous. Its speed is the memory's: the
-   other loop on all cores walked the terms once per slice of the row, column by column (an embedding gradient of
-   8192 rows of 256 into 50000: 0.67-0.79 ms, as it is 0.49-0.50; tiled so that each core walks the terms once, 0.52;
-   a scatter_add of 8192x128 into 4096x128, each column its own rows: 1.7-1.9 ms, as it is 0.65-0.75).
+8. A scatter (rangeify.scatter_sum: its terms' loops are accumulate loops from the start) keeps its loop order (the
+   terms in order, each adding its row). An outermost output loop (rows whose terms are contiguous: scatter_add along
+   dim 1) runs on all cores; else the row the terms add to is a vector and, where it is long, two halves of it run
+   on two cores, each walking all the terms (more slices would walk them more often). Its speed is the memory's: an
+   embedding gradient of 8192 rows of 256 into 50000 0.56-0.65 ms as it is, 0.38 in halves, 0.53 in 8 slices, 0.64
+   with each core walking the terms once per vector of the row; 65536 rows of 32 into 100000: 0.35-0.38 ms as it is,
+   0.51 in halves; scatter_add of 1024x1024 along dim 1: 0.37 ms, 0.20 on both cores.
 """
 from __future__ import annotations
 
@@ -65,7 +67,7 @@ GROUP_CHUNKS = 32               # chunks of a GROUP: several per core on machine
 PACKED_MIN_REDUCE = 64          # multiply-adds per stored element before a vector axis the store scatters pays
 PACKED_BETTER_FILL = 1.1        # how much better another axis must fill the lanes to be packed for
 PACKED_MIN_REUSE = 32           # outputs a packed copy serves at least (MNIST's last layer, 128 images by 10 classes:
-                                # its images packed for 10 classes, 15 us; as dot products 7 us)
+                                # its images packed for 10 classes, 12 us; as dot products 7 us)
 SMALL_BUFFER = 32 << 10         # bytes of a parameter small enough to stay in the L1 cache while a kernel gathers it
 PEEL_MIN_BLOCKS = 8             # blocks a loop should have before a shorter last one, peeled off, is a small share
 UNROLLED_WINDOW = 16            # iterations of a reduction small enough to unroll whole (a pooling window)
@@ -85,11 +87,12 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if target.is_gpu: return gpu_opts(ast, target)
   if not any(node.op is Ops.STORE for node in ast.src): return []
   plan = Planner(ast)
-  if not plan.loops or _blocks_loop(plan) is not None: return []  # 8.
+  if not plan.loops: return []
   store = next(a for a in accesses(ast) if a.is_store)
   itemsize = max(a.itemsize for a in accesses(ast))
   lanes = max(1, target.vector_bytes // itemsize)
   work = _work(ast)
+  if _blocks_loop(plan) is not None: return _scatter_opts(plan, store, lanes, work)
   vector_axis, across_reduce = _choose_vector_axis(plan, store)
   stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
   packed = _packed_vector_axis(plan, vector_axis, across_reduce, lanes, stage_bytes)
@@ -102,7 +105,10 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if candidates and len(plan.reduce_loops) == 1 and _broadcast_rows(plan) is not None:
     staged = _blocked_tile(plan, stage_bytes, candidates[0][0].buffer)
   k_blocked = staged is not None
-  if staged is None and candidates: staged = _tile_for_staging(plan, stage_bytes)
+  if staged is None and candidates: staged = _tile_for_staging(plan, stage_bytes, candidates)
+  if staged is None and packed:  # a packed load larger than the stage: a tile of its lanes' loop at a time
+    loads = [(a, _moving(plan, a)) for a in accesses(plan.ast) if not a.is_store and a.buffer in packed]
+    if (staged := _tile_for_staging(plan, stage_bytes, loads)) is not None: packed.remove(staged)
   _constant_loop_innermost(plan)
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
@@ -172,17 +178,18 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, across: bool, lanes: 
   chosen_fill = _lane_fill(constant(size_of(chosen)), lanes) if chosen is not None else 0.0
   loads = [a for a in accesses(plan.ast) if not a.is_store]
   best: list = []
-  best_bytes = 0  # packed; of two axes that fill the lanes as well, the one that packs less (weights, not images)
+  best_key: tuple = ()
   # vectors that slide by part of a vector from one reduce iteration to the next (a convolution's window moving one
   # pixel) mostly straddle two cache lines, and a load that jumps along the chosen axis is gathered lane by lane (an
   # output gradient with its channels last): an axis that fills as well is better then
   # and lanes along a reduce loop are dot products: each output sums its vector's lanes, and what the kernel computes
   # from the sum is computed one output at a time (x @ W.T, a linear layer with its weight as stored, 2048x128 by
-  # 512x128: 1.68 ms as dot products, 0.75 with W packed and the lanes along its rows; with a GELU after it 7.6 and
-  # 3.1 ms)
+  # 512x128: 1.60 ms as dot products, 0.54 with W packed and the lanes along its rows; with a GELU after it 5.4 and
+  # 3.0 ms)
   costly = chosen is not None and (across or _sliding(plan, chosen, loads, lanes) or
                                    any(stride(a.index, chosen) not in (0, 1) for a in loads))
   best_fill = chosen_fill * (1.0 if costly else PACKED_BETTER_FILL)
+  store = next(a for a in accesses(plan.ast) if a.is_store)
   for r in plan.output_loops:
     if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) < best_fill or fill == 0: continue
     packs, packed_bytes = [], 0
@@ -192,12 +199,20 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, across: bool, lanes: 
       reuse = math.prod(constant(size_of(o)) for o in others if stride(access.index, o) == 0)
       if jump is None or reuse < PACKED_MIN_REUSE: break
       read = [constant(size_of(loop)) for loop in plan.loops if stride(access.index, loop) != 0]
-      if None in read or access.itemsize * math.prod(read) > stage_bytes: break
+      if None in read: break
+      # instead of dot products, more than the stage holds is packed a tile of the lanes' loop at a time, a vector of
+      # them at least (a language model's head, 2048x128 by 2048x128: 6.4 -> 2.3 ms; not for other axes: a 1000x1000
+      # matmul, whose B slides along the sum, ran 18 ms so instead of 11)
+      whole = access.itemsize * math.prod(read)
+      if whole > stage_bytes and (not across or whole // (constant(size_of(r)) or 1) * lanes > stage_bytes): break
       packs.append(access.buffer)
       packed_bytes += access.itemsize * math.prod(read)
     else:
-      if packs and (not best or fill > best_fill or packed_bytes < best_bytes):
-        best, best_fill, best_bytes = [r, *sorted(set(packs))], fill, packed_bytes
+      # of two axes that fill the lanes as well: instead of dot products, one the store is contiguous along (x @ W.T,
+      # 48x128 by 2048x128: lanes along W's rows 0.08 ms, along x's, which packs less, 0.18); then the one that packs
+      # less (a convolution's weights, not its images)
+      key = (fill, across and stride(store.index, r) == 1, -packed_bytes)
+      if packs and key > best_key: best, best_fill, best_key = [r, *sorted(set(packs))], fill, key
   return best
 
 
@@ -466,9 +481,13 @@ def _staging_candidates(plan: Planner) -> list[tuple[Access, list[UOp]]]:
     jump = stride(access.index, innermost)
     if jump is None or abs(jump) * access.itemsize <= CACHE_LINE: continue
     reused = [r for r in plan.output_loops if stride(access.index, r) == 0 and constant(size_of(r)) not in (None, 1)]
-    moving = [r for r in plan.output_loops if stride(access.index, r) != 0 and range_kind(r) != ACCUMULATE]
-    if reused and moving: found.append((access, moving))
+    if reused and (moving := _moving(plan, access)): found.append((access, moving))
   return found
+
+
+def _moving(plan: Planner, access: Access) -> list[UOp]:
+  """The output loops the access moves along (a tile of the last one is what a packed copy holds)."""
+  return [r for r in plan.output_loops if stride(access.index, r) != 0 and range_kind(r) != ACCUMULATE]
 
 
 def _blocked_tile(plan: Planner, stage_bytes: int, buffer: int) -> int | None:
@@ -478,7 +497,8 @@ def _blocked_tile(plan: Planner, stage_bytes: int, buffer: int) -> int | None:
   plan as it was where the sum is not blocked or the tile not needed."""
   saved = plan.ast, list(plan.opts)
   _block_reduction(plan, stage_bytes, {buffer})
-  if _blocks_loop(plan) is not None and (staged := _tile_for_staging(plan, stage_bytes)) is not None: return staged
+  if _blocks_loop(plan) is not None:
+    if (staged := _tile_for_staging(plan, stage_bytes, _staging_candidates(plan))) is not None: return staged
   plan.ast, plan.opts = saved
   return None
 
@@ -488,10 +508,11 @@ def _blocks_loop(plan: Planner) -> int | None:
   return next((i for i, r in enumerate(plan.loops) if range_kind(r) == ACCUMULATE), None)
 
 
-def _tile_for_staging(plan: Planner, stage_bytes: int) -> int | None:
-  """Tile the loop along which a strided vector load moves so one tile of it fits stage_bytes; the tile loop becomes
-  the outermost. The parameter to stage (None when no load needs packing)."""
-  for access, moving in _staging_candidates(plan):
+def _tile_for_staging(plan: Planner, stage_bytes: int, candidates: list[tuple[Access, list[UOp]]]) -> int | None:
+  """Tile the loop along which a candidate load (with the output loops it moves along) moves so one tile of it fits
+  stage_bytes; the tile loop becomes the outermost. The parameter to stage (None when no load needs packing)."""
+  for access, moving in candidates:
+    if not moving: continue
     tile_bytes = access.itemsize * _expanded_elements(access.index)
     for r in plan.reduce_loops:
       if stride(access.index, r) != 0: tile_bytes *= constant(size_of(r)) or 1 << 30
@@ -574,6 +595,25 @@ def _group(plan: Planner) -> bool:
   count = len(plan.opts)
   plan.apply(OptOps.GROUP, target, chunks)
   return len(plan.opts) > count
+
+
+SCATTER_HALF_BYTES = 512  # bytes of a scatter's row each of two cores adds to, at least (see 8.)
+
+
+def _scatter_opts(plan: Planner, store: Access, lanes: int, work: int | None) -> list[Opt]:
+  """The opts of a scatter (8.): its loops stay in order."""
+  if work is not None and work < PARALLEL_MIN_WORK: return []
+  if range_kind(plan.loops[0]) != ACCUMULATE:
+    plan.apply(OptOps.PARALLEL, plan.loops[0])
+    return plan.opts
+  row = next((r for r in plan.output_loops if range_kind(r) != ACCUMULATE and stride(store.index, r) == 1), None)
+  size = constant(size_of(row)) if row is not None else None
+  # a short row is left to LLVM, which vectorizes the loop as well (65536 rows of 32: 0.44 ms as vectors of 16)
+  if size is None or size % (2 * lanes) or size // 2 * store.itemsize < SCATTER_HALF_BYTES: return []
+  vectors = plan.apply(OptOps.UPCAST, row, lanes)
+  plan.apply(OptOps.TILE, vectors, size // lanes // 2)
+  plan.apply(OptOps.PARALLEL, plan.loops[0])
+  return plan.opts
 
 
 def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:

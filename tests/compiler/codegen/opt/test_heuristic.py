@@ -119,6 +119,39 @@ def test_a_linear_layer_packs_its_weight_rows_into_lanes_instead_of_summing_dot_
                                atol=1e-4)
   few = hand_coded_opts(_ast(Tensor.empty(128, 576) @ Tensor.empty(10, 576).T), target)
   assert few[0] == Opt(OptOps.UPCAST, 2, lanes) and OptOps.LOCAL not in _ops(few), few
+  # a W larger than the packed stage (a language model's head) is packed a tile of its rows at a time
+  x, w = rng.standard_normal((48, 128)).astype(np.float32), rng.standard_normal((2048, 128)).astype(np.float32)
+  item = last_kernel(Tensor(x) @ Tensor(w).T)
+  opts = hand_coded_opts(item.ast, target)
+  assert opts[0] == Opt(OptOps.UPCAST, 1, lanes) and OptOps.TILE in _ops(opts) and opts[-1] == Opt(OptOps.LOCAL, 0, 2)
+  for cores in (1, 4):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(48, 2048), x @ w.T, rtol=1e-4, atol=1e-4)
+
+
+def _embedding_gradient(rows: int, width: int, picks: int) -> tuple[Tensor, np.ndarray]:
+  index = rng.integers(0, rows, picks).astype(np.int32)
+  upstream = rng.standard_normal((picks, width)).astype(np.float32)
+  weight = Tensor(np.zeros((rows, width), np.float32), requires_grad=True)
+  (weight[Tensor(index)] * Tensor(upstream)).sum().backward()
+  expected = np.zeros((rows, width), np.float32)
+  np.add.at(expected, index, upstream)
+  return weight.grad, expected
+
+
+def test_a_scatter_keeps_its_loop_order_and_adds_long_rows_in_two_halves() -> None:
+  """rangeify.scatter_sum's kernels: the terms stay the outer loop; a long row is two halves on two cores, a short
+  one is left as it is; rows whose terms are contiguous (scatter_add along dim 1) go outermost, on all cores."""
+  gradient, expected = _embedding_gradient(1000, 256, 512)
+  item = last_kernel(gradient)  # the fill runs first
+  opts = hand_coded_opts(item.ast, AVX2)
+  assert opts == [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.TILE, 1, 16), Opt(OptOps.PARALLEL, 0)], opts
+  for cores in (1, 2, 4):
+    np.testing.assert_array_equal(run_item(item, opts, cores, fill=0.0).reshape(1000, 256), expected)
+  narrow, _ = _embedding_gradient(20000, 32, 4096)
+  assert hand_coded_opts(last_kernel(narrow).ast, AVX2) == []
+  index = rng.integers(0, 1024, (1024, 256)).astype(np.int32)
+  along_rows = Tensor.zeros(1024, 1024).contiguous().scatter_add(1, Tensor(index), Tensor.ones(1024, 256))
+  assert hand_coded_opts(last_kernel(along_rows).ast, AVX2) == [Opt(OptOps.PARALLEL, 0)]
 
 
 def _conv(x: np.ndarray, w: np.ndarray, padding: int) -> np.ndarray:
