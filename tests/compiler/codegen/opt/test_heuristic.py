@@ -247,6 +247,18 @@ def test_a_copy_to_channels_last_unrolls_the_columns_it_reads_in_rows() -> None:
   np.testing.assert_array_equal(run_item(item, opts), np.maximum(x, 0).transpose(0, 2, 3, 1).reshape(-1))
 
 
+@pytest.mark.parametrize("target", [AVX2, WIDE], ids=["avx2", "avx512"])
+def test_a_transposed_matrix_is_copied_in_square_blocks(target: Target) -> None:
+  """Both loops long: a vector of rows is loaded and transposed per block, where the channels-last copy above (16
+  channels) keeps its pairs."""
+  x = rng.standard_normal((128, 96)).astype(np.float32)
+  item = last_kernel(Tensor(x).T.contiguous())
+  opts = hand_coded_opts(item.ast, target)
+  lanes = target.vector_bytes // 4
+  assert opts[:2] == [Opt(OptOps.UPCAST, 1, lanes), Opt(OptOps.UNROLL, 0, lanes)], opts
+  for cores in (1, 4): np.testing.assert_array_equal(run_item(item, opts, cores), x.T.reshape(-1))
+
+
 def test_a_weight_gradients_window_row_is_one_register_block() -> None:
   """A single-channel 5x5 convolution's weight gradient, output channels last: each image pixel's 5 neighbours are
   broadcast against 2 vectors of channels. Its broadcasts slide along the image's columns, longer than the window,
