@@ -510,6 +510,7 @@ class KernelBuilder:
       if shared is not loop_ranges and not any(r in body.toposort for r in shared):
         body, loop_ranges = substitute(body, dict(zip(loop_ranges, shared))), shared
       total = UOp(Ops.REDUCE, node.dtype, (body, *loop_ranges), reduce_op)
+      # (the cheap test first: only a sum of a selection is simplified and looked at further)
       if node not in self.roots and _summed_selection(total) is not None and _scatters(node.device) and \
          _scattered_row(simplify(total), [i for i in idx if i.op is Ops.RANGE]) is not None:
         self.scattered_inside.append(node)
@@ -655,11 +656,12 @@ def scatter_sum(kernel: UOp) -> tuple[UOp, UOp] | None:
   total, base = stored, UOp.const(stored.dtype, 0)
   if stored.op is Ops.ADD and Ops.REDUCE in (stored.src[0].op, stored.src[1].op):
     total, base = stored.src if stored.src[0].op is Ops.REDUCE else stored.src[::-1]
-  if len(place.src) != 2 or any(r in base.toposort for r in total.src[1:]): return None
-  output = place.src[0]
-  if any(node.op is Ops.INDEX and node.src[0] is output and node is not place for node in kernel.toposort): return None
+  if len(place.src) != 2 or _summed_selection(total) is None or any(r in base.toposort for r in total.src[1:]):
+    return None
   outputs = sorted((r for r in place.src[1].toposort if r.op is Ops.RANGE), key=lambda r: r.arg[0])
   if (found := _scattered_row(total, outputs)) is None: return None
+  output = place.src[0]
+  if any(node.op is Ops.INDEX and node.src[0] is output and node is not place for node in kernel.toposort): return None
   row, condition, value, at = found
   target = UOp(Ops.INDEX, place.dtype, (output, substitute(place.src[1], {row: at}), condition))
   adds = store.replace(src=(target, UOp(Ops.LOAD, total.dtype, (target,)) + value))
@@ -675,13 +677,13 @@ def scatter_sum(kernel: UOp) -> tuple[UOp, UOp] | None:
 
 def _scattered_row(total: UOp, outputs: list[UOp]) -> tuple[UOp, UOp, UOp, UOp] | None:
   """(the row loop, and the condition, value and row of a term at it) where the sum `total`, computed inside the
-  output loops `outputs`, sums a selection of one of them, and scattering it saves enough."""
+  output loops `outputs` (RANGEs), sums a selection of one of them, and scattering it saves enough."""
   if (selection := _summed_selection(total)) is None: return None
   terms = total.src[1:]
   if any(r.src[0].op is not Ops.CONST for r in terms): return None
   count = prod(r.src[0].arg for r in terms)
   for row in outputs:
-    if row.op is not Ops.RANGE or (picked := _picked(*selection, row)) is None: continue
+    if (picked := _picked(*selection, row)) is None: continue
     rows, others = row.src[0].arg, prod(r.src[0].arg for r in outputs if r is not row and r.src[0].op is Ops.CONST)
     if rows * count < SCATTER_MIN_SAVING * (rows + count) or rows * count * others < SCATTER_MIN_WORK: return None
     return row, *picked

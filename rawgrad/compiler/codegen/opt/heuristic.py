@@ -96,7 +96,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if _blocks_loop(plan) is not None: return _scatter_opts(plan, store, lanes, work)
   vector_axis, across_reduce = _choose_vector_axis(plan, store)
   stage_bytes = min(int(target.l2_bytes * STAGE_SHARE), MAX_LOCAL_BYTES)
-  packed = _packed_vector_axis(plan, vector_axis, across_reduce, lanes, stage_bytes)
+  packed = _packed_vector_axis(plan, store, vector_axis, across_reduce, lanes, stage_bytes)
   if packed: vector_axis, across_reduce = packed.pop(0), False
   if vector_axis is not None:
     _vectorize(plan, vector_axis, across_reduce, lanes, target, work)
@@ -169,7 +169,8 @@ def _lane_fill(size: int | None, lanes: int) -> float:
   return 0.0 if not size else size / (math.ceil(size / lanes) * lanes)
 
 
-def _packed_vector_axis(plan: Planner, chosen: UOp | None, across: bool, lanes: int, stage_bytes: int) -> list:
+def _packed_vector_axis(plan: Planner, store: Access, chosen: UOp | None, across: bool, lanes: int,
+                        stage_bytes: int) -> list:
   """[axis, parameters to pack...]: an output loop of a long reduction whose lanes fill the vectors clearly better
   than the chosen axis's (`across`: a reduce loop), when every load that moves with it is contiguous along it or can
   be packed (it does not move along some other output loop, so one packed copy serves them all, and all of it fits
@@ -190,7 +191,6 @@ def _packed_vector_axis(plan: Planner, chosen: UOp | None, across: bool, lanes: 
   costly = chosen is not None and (across or _sliding(plan, chosen, loads, lanes) or
                                    any(stride(a.index, chosen) not in (0, 1) for a in loads))
   best_fill = chosen_fill * (1.0 if costly else PACKED_BETTER_FILL)
-  store = next(a for a in accesses(plan.ast) if a.is_store)
   for r in plan.output_loops:
     if r is chosen or (fill := _lane_fill(constant(size_of(r)), lanes)) < best_fill or fill == 0: continue
     packs, packed_bytes = [], 0
