@@ -73,7 +73,7 @@ def test_user_optimizer_fuses() -> None:
 
 
 def _kernels_per_step(optimizer: Optimizer, params: list[Tensor]) -> int:
-  for param in params: param.grad = Tensor.full(param.shape, 0.5).contiguous()
+  for param in params: param.grad = Tensor.full(param.shape, 0.5, device=param.device).contiguous()
   Tensor.realize(*[param.grad for param in params])
   GlobalCounters.reset()
   optimizer.step()
@@ -124,13 +124,13 @@ def test_a_large_parameter_gets_a_kernel_of_its_own_beside_small_ones() -> None:
 def test_parameters_larger_than_the_caches_are_updated_a_few_at_a_time() -> None:
   """Eight parameters of 1 MB: AdamW reads and writes 32 buffers of them at the same index; kernels of at most 16
   (four parameters) keep the streams through memory few enough to run at full bandwidth."""
-  shapes = [(512, 512)] * 8
-  params = [Tensor(np.ones(shape, np.float32), requires_grad=True) for shape in shapes]
+  shapes = [(512, 512)] * 8   # a CPU rule (STREAMED_DEVICES): on the CPU whatever DEVICE says
+  params = [Tensor(np.ones(shape, np.float32), requires_grad=True, device="CPU") for shape in shapes]
   optimizer = AdamW(params, lr=0.01)
   _kernels_per_step(optimizer, params)
   assert [n for n in _outputs_per_kernel(optimizer, params) if n > 1] == [12, 12]
   # small parameters stay in one kernel however many buffers they have
-  small = [Tensor(np.ones((8, 4), np.float32), requires_grad=True) for _ in range(8)]
+  small = [Tensor(np.ones((8, 4), np.float32), requires_grad=True, device="CPU") for _ in range(8)]
   small_optimizer = AdamW(small, lr=0.01)
   _kernels_per_step(small_optimizer, small)
   assert max(_outputs_per_kernel(small_optimizer, small)) == 24

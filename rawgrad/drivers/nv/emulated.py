@@ -228,6 +228,8 @@ class EmulatedKernel(KernelInterface):
     self.channels: dict[int, ChannelEngine] = {}       # work-submit token -> channel
     self.video_bytes = 0
     self.faults: list[str] = []
+    self.boosts: dict[int, tuple[int, int]] = {}       # client handle -> its performance boost (flags, duration)
+    self.boost_supported = True
     self.programs = PlacedPrograms()
     self.lock = threading.RLock()
 
@@ -536,7 +538,9 @@ class EmulatedKernel(KernelInterface):
       if not obj.state.get("uvm_mapped"): obj.backing.release()   # UVM keeps what it maps until UVM_FREE
     if obj.parent is not None: obj.parent.children.pop(obj.handle, None)
     if obj.client is not None and obj.client is not obj: obj.client.state["objects"].pop(obj.handle, None)
-    if obj.cls == rm.NV01_ROOT_CLIENT: self.clients.pop(obj.handle, None)
+    if obj.cls == rm.NV01_ROOT_CLIENT:
+      self.clients.pop(obj.handle, None)
+      self.boosts.pop(obj.handle, None)
 
   def _rm_map_memory(self, file: File, data: bytearray) -> None:
     wrapper = rm.nv_ioctl_nvos33_parameters_with_fd.from_buffer(data)
@@ -627,6 +631,20 @@ class EmulatedKernel(KernelInterface):
     for sm in range(SM_COUNT):
       entry = params.globalSmId[sm]
       entry.globalTpcId, entry.localSmId, entry.gpcId = sm // 2, sm % 2, sm // 2 // 9
+
+  def _control_boost(self, target: RMObject, params: Any) -> None:
+    """Each client's boost is its own; a boost lasts 1 s to DURATION_MAX s, or until cleared (INFINITE)."""
+    if not self.boost_supported: raise RMStatus(rm.NV_ERR_NOT_SUPPORTED, "a performance boost on this GPU")
+    command = _bits(params.flags, rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD)
+    if command == rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR:
+      self.boosts.pop(target.client.handle, None)
+      return
+    if command not in (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX):
+      raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, f"performance boost command {command}")
+    if not (0 < params.duration <= rm.NV2080_CTRL_PERF_BOOST_DURATION_MAX
+            or params.duration == rm.NV2080_CTRL_PERF_BOOST_DURATION_INFINITE):
+      raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, f"a performance boost of {params.duration} s")
+    self.boosts[target.client.handle] = (params.flags, params.duration)
 
   def _control_time(self, target: RMObject, params: Any) -> None:
     params.time_nsec = gpu_time_ns()
@@ -800,6 +818,7 @@ CONTROLS: dict[int, tuple[Any, str]] = {
   rm.NV2080_CTRL_CMD_GR_GET_INFO_V2: (rm.NV2080_CTRL_GR_GET_INFO_V2_PARAMS, "_control_gr_info"),
   rm.NV2080_CTRL_CMD_FB_GET_INFO_V2: (rm.NV2080_CTRL_FB_GET_INFO_V2_PARAMS, "_control_fb_info"),
   rm.NV2080_CTRL_CMD_TIMER_GET_TIME: (rm.NV2080_CTRL_TIMER_GET_TIME_PARAMS, "_control_time"),
+  rm.NV2080_CTRL_CMD_PERF_BOOST: (rm.NV2080_CTRL_PERF_BOOST_PARAMS, "_control_boost"),
   rm.NV2080_CTRL_CMD_GR_GET_GLOBAL_SM_ORDER: (rm.NV2080_CTRL_GR_GET_GLOBAL_SM_ORDER_PARAMS,
                                               "_control_sm_order"),
   rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN: (rm.NVC36F_CTRL_CMD_GPFIFO_GET_WORK_SUBMIT_TOKEN_PARAMS,

@@ -13,9 +13,14 @@ from rawgrad.autogen.nv import nv_rm as rm
 from rawgrad.drivers.nv.memory import GPUMemory
 from rawgrad.drivers.nv.rm import UVM, RMClient, RMError, check_driver_version, class_name, escape_request
 from rawgrad.drivers.os import MAP_FIXED, MAP_SHARED, PROT_READ, PROT_WRITE, KernelInterface
+from rawgrad.helpers import DEBUG
 
 CONTROL_PATH = "/dev/nvidiactl"
 USERMODE_BYTES = 0x10000
+# the highest performance state, asked as a compute client (CUDA) with high priority
+BOOST_TO_MAX = (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
+                | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES << rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA[1]
+                | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY_HIGH << rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY[1])
 # the classes we drive, newest first: the first one the chip lists is used (per-chip lists: notes section 2)
 GPFIFO_CLASSES = (classes.HOPPER_CHANNEL_GPFIFO_A, classes.AMPERE_CHANNEL_GPFIFO_A)
 COMPUTE_CLASSES = (classes.HOPPER_COMPUTE_A, classes.ADA_COMPUTE_A, classes.AMPERE_COMPUTE_B, classes.AMPERE_COMPUTE_A)
@@ -76,6 +81,9 @@ class NVGPU:
     self.device = self.client.alloc(self.client.handle, rm.NV01_DEVICE_0, rm.NV0080_ALLOC_PARAMETERS(
       deviceId=instance, hClientShare=self.client.handle, vaMode=rm.NV_DEVICE_ALLOCATION_VAMODE_MULTIPLE_VASPACES))
     self.subdevice = self.client.alloc(self.device, rm.NV20_SUBDEVICE_0, rm.NV2080_ALLOC_PARAMETERS(subDeviceId=0))
+    self.boost_refused = self._boost(BOOST_TO_MAX, rm.NV2080_CTRL_PERF_BOOST_DURATION_INFINITE)
+    if self.boost_refused and DEBUG >= 1:
+      print(f"NV: {self.boost_refused}; the GPU may stay in a lower performance state (memory-bound kernels slower)")
     available = self._classes()
     chosen = {kind: _first_listed(kind, wanted, available) for kind, wanted in
               (("GPFIFO", GPFIFO_CLASSES), ("compute", COMPUTE_CLASSES), ("copy", COPY_CLASSES),
@@ -182,14 +190,16 @@ class NVGPU:
     return address
 
   def close(self) -> None:
-    """Let go of the GPU: closing the control fd frees every RM object of our client, closing UVM's fds our VA space;
-    then the arena's address space goes back."""
+    """Let go of the GPU: the performance boost is cleared, closing the control fd frees every RM object of our
+    client, closing UVM's fds our VA space; then the arena's address space goes back."""
+    if not self.boost_refused: self._boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR, 0)
     for fd in (self.device_fd, self.control_fd, self.uvm.mm_fd, self.uvm.fd): self.kernel.close(fd)
     self.memory.arena.close()
 
   def _abandon(self) -> None:
     """After a failed bring-up: close what was opened (the driver frees the objects made through it)."""
     memory, uvm = getattr(self, "memory", None), getattr(self, "uvm", None)
+    if getattr(self, "boost_refused", None) == "": self._boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR, 0)
     fds = [self.device_fd] if hasattr(self, "device_fd") else []
     fds += [self.control_fd] + ([uvm.mm_fd, uvm.fd] if uvm is not None else [])
     for fd in fds:
@@ -198,6 +208,20 @@ class NVGPU:
       except OSError:
         pass   # the error being raised is the one to report
     if memory is not None: memory.arena.close()
+
+  # ** performance state
+
+  def _boost(self, flags: int, duration: int) -> str:
+    """Ask RM for a performance state for this client (RM tracks each client's request apart). Without one, the
+    H100 ran memory-bound kernels at 59% of the bandwidth torch reached, at the same reported clocks
+    (docs/hardware.md, 2026-11-27), so the device asks for the highest state while it is open, as a compute client,
+    and clears it at close. A GPU that refuses still computes: returns the refusal, or "" when granted."""
+    try:
+      self.client.control(self.subdevice, rm.NV2080_CTRL_CMD_PERF_BOOST,
+                          rm.NV2080_CTRL_PERF_BOOST_PARAMS(flags=flags, duration=duration))
+    except RMError as refusal:
+      return str(refusal)
+    return ""
 
   # ** time
 

@@ -182,3 +182,42 @@ def test_bring_up_reads_the_gpu_through_rm(kernel: EmulatedKernel) -> None:
   finally:
     gpu.close()
   assert status_name(0x56) == "NV_ERR_NOT_SUPPORTED (0x56)"
+
+
+def test_an_open_gpu_holds_the_highest_performance_state_and_clears_it_at_close(kernel: EmulatedKernel) -> None:
+  # without the boost the H100 ran a+b at 1780 GB/s, with it 3063 (torch 2989): docs/hardware.md, 2026-11-27
+  gpu = NVGPU(kernel)
+  try:
+    flags, duration = kernel.boosts[gpu.client.handle]
+    assert flags & 3 == rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX and flags >> 4 & 1 == 1 and flags >> 6 & 1 == 1
+    assert duration == rm.NV2080_CTRL_PERF_BOOST_DURATION_INFINITE and gpu.boost_refused == ""
+  finally:
+    gpu.close()
+  assert kernel.boosts == {}
+
+
+def test_a_boost_is_the_clients_own_and_checked(kernel: EmulatedKernel, client: RMClient) -> None:
+  subdevice = client.alloc(_device(client), rm.NV20_SUBDEVICE_0, rm.NV2080_ALLOC_PARAMETERS(subDeviceId=0))
+  boost = lambda flags, duration: client.control(  # noqa: E731
+    subdevice, rm.NV2080_CTRL_CMD_PERF_BOOST, rm.NV2080_CTRL_PERF_BOOST_PARAMS(flags=flags, duration=duration))
+  for flags, duration in ((3, 10), (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX, 0),
+                          (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX, rm.NV2080_CTRL_PERF_BOOST_DURATION_MAX + 1)):
+    with pytest.raises(RMError, match="NV_ERR_INVALID_ARGUMENT"): boost(flags, duration)
+  boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, 60)
+  other = RMClient(kernel, kernel.open("/dev/nvidiactl"))
+  assert kernel.boosts == {client.handle: (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, 60)}
+  kernel.close(other.control_fd)
+  assert client.handle in kernel.boosts
+  kernel.close(client.control_fd)   # a client freed takes its boost with it
+  assert kernel.boosts == {}
+
+
+def test_a_gpu_refusing_the_boost_still_opens_and_says_why(kernel: EmulatedKernel, capsys) -> None:
+  from rawgrad.helpers import Context
+  kernel.boost_supported = False
+  with Context(DEBUG=1): gpu = NVGPU(kernel)
+  try:
+    assert "NV_ERR_NOT_SUPPORTED" in gpu.boost_refused and gpu.info.sm_count == 132
+    assert "lower performance state" in capsys.readouterr().out
+  finally:
+    gpu.close()
