@@ -883,6 +883,10 @@ CONCATENATED_WASTE = 1 << 16  # outputs times the elements they are computed at 
 MAX_STREAMS = 16               # buffers one kernel of a group reads and writes, when the group's buffers
 STREAMED_BYTES = 16 << 20      # come to this much at least (more than the caches hold: each is a stream from DRAM)
 STREAMED_DEVICES = ("CPU",)    # where that was measured
+# where sums that stream the same memory share a kernel (_streaming_sum): a GPU gives each sum of few outputs a block
+# of threads (BLOCK_REDUCE) when it is alone, but a kernel of sums over loops of their own gets a thread per output:
+# a batch norm's three sums over 128x20x20 for 32 channels, 32 threads, ran 11.8 ms on the H100 (docs/hardware.md)
+SHARED_SUM_DEVICES = ("CPU",)
 
 
 class KernelCycle(RuntimeError):
@@ -940,7 +944,7 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
   for cluster in sorted(depth, key=lambda c: (depth[c], nodes.index(c[0]))):
     head = cluster[0]
     if fusable[head]: key: tuple = ("fusable", depth[cluster], head.device, prod(head.shape))
-    elif (summed := _streaming_sum(head, realizes)) is not None:
+    elif head.device.split(":")[0] in SHARED_SUM_DEVICES and (summed := _streaming_sum(head, realizes)) is not None:
       key = ("sums", depth[cluster], head.device, head.shape, summed.src[0].shape, summed.arg)
     else: key = cluster
     groups.setdefault(key, []).append(cluster)

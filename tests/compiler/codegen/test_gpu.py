@@ -12,7 +12,7 @@ from rawgrad import Tensor
 from rawgrad.compiler.codegen.gpu import map_to_gpu
 from rawgrad.compiler.codegen.lower import PASSES, lower_kernel
 from rawgrad.compiler.codegen.opt.heuristic import hand_coded_opts
-from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opts, loop_axes
+from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opts, loop_axes, size_of
 from rawgrad.compiler.ir import Ops
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.spec import SpecError
@@ -40,7 +40,11 @@ def last_item(tensor: Tensor):
 
 def run_on(tensor: Tensor, arch: str, opts: list[Opt] | None = None) -> np.ndarray:
   """The tensor's last kernel lowered for a GPU and run by the interpreter over host memory."""
-  item = last_item(tensor)
+  return run_item(last_item(tensor), arch, opts).reshape(tensor.shape)
+
+
+def run_item(item, arch: str, opts: list[Opt] | None = None) -> np.ndarray:
+  """A kernel (its inputs realized) lowered for a GPU and run by the interpreter; its output buffer's values."""
   lowered = lower_kernel(item.ast, opts, gpu_target(arch))
   buffers = [buffer_for(node).ensure_allocated() for node in item.buffers]
   params, variables = kernel_parameters(lowered.program)
@@ -49,7 +53,7 @@ def run_on(tensor: Tensor, arch: str, opts: list[Opt] | None = None) -> np.ndarr
   grid = tuple(int(evaluate(s, values)) for s in lowered.global_size)
   block = tuple(int(evaluate(s, values)) for s in lowered.local_size)
   run_program(lowered.program, grid, block, args, host_memory)
-  return buffers[0].numpy().reshape(tensor.shape)
+  return buffers[0].numpy()
 
 
 def rand(*shape: int, seed: int = 0) -> np.ndarray:
@@ -187,3 +191,30 @@ def test_a_tile_is_not_staged_for_a_load_whose_gate_differs_between_its_threads(
   with pytest.raises(OptError, match="gate depends on loops"): apply_opts(ast, opts)
   for arch in ("sm_90", "gfx1100"):
     np.testing.assert_allclose(run_on(both, arch).reshape(3, 2), np.stack([a.sum(1), b.sum(1)], 1), rtol=1e-5)
+
+
+def _weight_gradient(n: int, ci: int, co: int, size: int, k: int) -> tuple[Tensor, np.ndarray]:
+  x, w, g = rand(n, ci, size, size, seed=1), rand(co, ci, k, k, seed=2), rand(n, co, size - k + 1, size - k + 1, seed=3)
+  weight = Tensor(w, requires_grad=True)
+  (Tensor(x).conv2d(weight) * Tensor(g)).sum().backward()
+  windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(2, 3))   # n, ci, oh, ow, k, k
+  return weight.grad, np.einsum("nchwij,nohw->ocij", windows, g)
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "gfx1100"])
+def test_block_reduce_of_unrolled_outputs_keeps_each_outputs_partials_apart(arch: str) -> None:
+  """Outputs unrolled before a BLOCK_REDUCE (a register block) each have a slot per lane in shared memory: with one
+  slot per lane, the unrolled outputs overwrote each other's partials."""
+  gradient, expected = _weight_gradient(2, 4, 4, 8, 3)
+  items = create_schedule([gradient.uop]).items
+  index = next(i for i, item in enumerate(items) if item.ast.arg.startswith("r_"))
+  run_schedule(items[:index])
+  ast = items[index].ast
+  # the gradient is summed as Ci, kh, kw, Co (then permuted); the reduction runs over n, oh, ow
+  assert [size_of(r) for r in loop_axes(ast)] == [4, 3, 3, 4, 2, 6, 6]
+  stored = expected.transpose(1, 2, 3, 0).reshape(-1)
+  for opts in ([Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 2, 2), Opt(BLOCK_REDUCE, 3, 2)],
+               [Opt(OptOps.UNROLL, 1, 3), Opt(OptOps.UNROLL, 1, 3), Opt(BLOCK_REDUCE, 2, 8)], None):
+    np.testing.assert_allclose(run_item(items[index], arch, opts), stored, rtol=1e-4, atol=1e-4)
+  with pytest.raises(OptError, match="vector outputs"):
+    apply_opts(ast, [Opt(OptOps.UPCAST, 0, 4), Opt(BLOCK_REDUCE, 4, 2)])

@@ -2,6 +2,9 @@
 
 1. A reduction with few outputs and a long reduce loop is shared by the threads of a block (BLOCK_REDUCE): each
    thread reduces a strided share (consecutive threads read consecutive elements) and the block combines them.
+   Where two loads each stay put along an output loop the other moves along (a weight gradient: the image is the
+   same for every output channel, the output's gradient for every input channel), each thread first takes a
+   register block of those two loops' outputs (UNROLL), so that every value loaded feeds several accumulators.
 2. Otherwise each thread computes a few outputs: a vector of them along the loop the store is contiguous along (one
    16-byte access each, when there are outputs enough to keep the GPU busy), times a few rows when a loaded vector
    is reused across another output loop (a matmul's register block). The loop the store is contiguous along is
@@ -26,6 +29,8 @@ OUTPUT_SHARE = 2             # fewer outputs than the GPU's threads in flight / 
 REDUCE_PER_OUTPUT_SHARE = 16  # a reduction at least outputs / this long is shared by a block (else outputs are many)
 ROW_BLOCK = 8                # rows of a register block: each loaded vector feeds this many accumulators
 REDUCE_TILE = 16             # reduce iterations per staged tile
+SHARED_ACCUMULATORS = 32     # outputs of a register block in a shared reduction (one partial each per thread)
+SHARED_BLOCK_THREADS = 4     # ... taken while the threads left are at least the GPU's threads in flight / this
 
 
 def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
@@ -117,9 +122,38 @@ def _share_reduction(plan: Planner, block: int, target: Target) -> bool:
   loop = contiguous[-1] if contiguous else max(plan.reduce_loops, key=lambda r: sizes[r] or SHARED_REDUCE_MIN)
   size = sizes[loop]
   threads = min(block, _power_of_two_at_least(size)) if size is not None else block
+  position, loops_before = plan.loops.index(loop), len(plan.loops)
+  _register_block(plan, loads, outputs * threads, target)
+  # an output loop (before the reduce loops) an UNROLL used up moves the reduce loop a place up
   count = len(plan.opts)
-  plan.apply(OptOps.BLOCK_REDUCE, loop, threads)
+  plan.apply(OptOps.BLOCK_REDUCE, plan.loops[position - (loops_before - len(plan.loops))], threads)
   return len(plan.opts) > count
+
+
+def _register_block(plan: Planner, loads: list, threads: int, target: Target) -> None:
+  """UNROLL two output loops into a register block where one load stays put along the first and moves along the
+  second, and another the other way round, so each loaded value feeds as many accumulators as the other loop's
+  block: the largest such block of at most SHARED_ACCUMULATORS that leaves `threads` / its size threads at least
+  threads_in_flight / SHARED_BLOCK_THREADS."""
+  def moves(load, r) -> bool: return stride(load.index, r) != 0
+  sizes = {r: constant(size_of(r)) or 1 for r in plan.output_loops}
+  best: tuple[int, UOp, int, UOp, int] | None = None
+  for first in plan.output_loops:
+    for second in plan.output_loops:
+      if first is second or not any(not moves(a, first) and moves(a, second) for a in loads) or \
+         not any(not moves(a, second) and moves(a, first) for a in loads): continue
+      a = next((f for f in (8, 4, 2) if sizes[first] % f == 0 and 2 * f <= SHARED_ACCUMULATORS), 1)
+      b = next((f for f in (8, 4, 2) if sizes[second] % f == 0 and a * f <= SHARED_ACCUMULATORS), 1)
+      if a * b > 1 and threads // (a * b) >= target.threads_in_flight // SHARED_BLOCK_THREADS and \
+         (best is None or a * b > best[0]):
+        best = (a * b, first, a, second, b)
+  if best is None: return
+  _, first, a, second, b = best
+  loops_before, first_position, position = len(plan.loops), plan.loops.index(first), plan.loops.index(second)
+  if a > 1: plan.apply(OptOps.UNROLL, first, a)
+  # the first loop may have been used up entirely, moving the second a place up
+  if len(plan.loops) < loops_before and first_position < position: position -= 1
+  if b > 1: plan.apply(OptOps.UNROLL, plan.loops[position], b)
 
 
 def _thread_outputs(plan: Planner, block: int) -> None:

@@ -318,6 +318,8 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if len(_threads(ranges)) >= MAX_THREAD_AXES: raise OptError(f"{opt}: a block has {MAX_THREAD_AXES} thread axes")
   if any(range_kind(r) in EXPANDED_KINDS and r in reduces[0].src[1:] for r in ranges):
     raise OptError(f"{opt}: the reduction's vector or unrolled axes would need combining per lane")
+  if any(range_kind(r) == UPCAST for r in ranges):
+    raise OptError(f"{opt}: vector outputs would need vectors of shared memory (unrolled outputs can be shared)")
   fresh = max(r.arg[0] for r in ranges) + 1
   lane = UOp.range(opt.amount, fresh, THREAD)
   outer = UOp.range(simplify((target.src[0] + (opt.amount - 1)) // opt.amount), fresh + 1, REDUCE)
@@ -325,17 +327,20 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   split = _rebuild(ast, target, replacement, (outer,), simplify(replacement < target.src[0]))
   partials = [node for node in split.toposort if node.op is Ops.REDUCE]
   threads = [r for r in _threads(all_ranges(split)) if r is not lane] + [lane]
-  sizes = [size_of(r) for r in threads]
-  if not all(isinstance(s, int) for s in sizes): raise OptError(f"{opt}: the block's thread counts must be constants")
+  # output loops made vectors or unrolled before: each of their outputs has partials of its own
+  expanded = [r for r in all_ranges(split) if range_kind(r) in EXPANDED_KINDS]
+  sizes = [size_of(r) for r in threads + expanded]
+  if not all(isinstance(s, int) for s in sizes):
+    raise OptError(f"{opt}: the block's thread counts and expanded outputs must be constants")
   combined: dict[UOp, UOp] = {}
   combines: list[UOp] = []
   locals_before = sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL)
   for number, partial in enumerate(partials):
     local = UOp(Ops.DEFINE_LOCAL, partial.dtype.ptr(math.prod(sizes), local=True), arg=locals_before + number)
-    written = UOp(Ops.INDEX, local.dtype, (local, simplify(_row_major(threads, sizes))))
+    written = UOp(Ops.INDEX, local.dtype, (local, simplify(_row_major(threads + expanded, sizes))))
     met = UOp(Ops.BARRIER, local.dtype, (local, UOp(Ops.STORE, dtypes.void, (written, partial))))
     combines.append(combine := UOp.range(opt.amount, fresh + 2 + number, REDUCE))
-    read = UOp(Ops.INDEX, local.dtype, (met, simplify(_row_major(threads[:-1] + [combine], sizes))))
+    read = UOp(Ops.INDEX, local.dtype, (met, simplify(_row_major(threads[:-1] + [combine] + expanded, sizes))))
     combined[partial] = UOp(Ops.REDUCE, partial.dtype, (UOp(Ops.LOAD, partial.dtype, (read,)), combine), partial.arg)
   store = _substitute_ranges(split.src[0], combined)
   target_index = store.src[0]
