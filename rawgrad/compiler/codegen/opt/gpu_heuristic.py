@@ -124,8 +124,8 @@ def _share_reduction(plan: Planner, block: int, target: Target) -> bool:
   threads = min(block, _power_of_two_at_least(size)) if size is not None else block
   position, loops_before = plan.loops.index(loop), len(plan.loops)
   _register_block(plan, loads, outputs * threads, target)
-  # an output loop (before the reduce loops) an UNROLL used up moves the reduce loop a place up
   count = len(plan.opts)
+  # each output loop (they come before the reduce loops) an UNROLL used up moves the reduce loop a place up
   plan.apply(OptOps.BLOCK_REDUCE, plan.loops[position - (loops_before - len(plan.loops))], threads)
   return len(plan.opts) > count
 
