@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Sequence
 
 import numpy as np
 
-from rawgrad.compiler.gradient import (any_origin_remembered, autograd_origin, compute_gradient, expand_realized,
-                                      remember_origin)
+from rawgrad.compiler.gradient import (NOT_DIFFERENTIABLE, any_origin_remembered, autograd_origin, compute_gradient,
+                                      expand_realized, remember_origin)
 from rawgrad.compiler.ir import Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
@@ -691,8 +691,14 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   if not parameters and not any_origin_remembered(): return  # no gradient can flow through any graph
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
-    order = node.toposort
-    if not parameters.isdisjoint(order) or any(map(autograd_origin, order)): remember_origin(view, node)
+    if not _reaches_gradients(node.toposort, parameters): continue
+    # what reaches them only through a detach or a comparison (a sort's order) has no gradient to keep a graph for
+    if _reaches_gradients(node.reachable_without_entering(lambda n: n.op in NOT_DIFFERENTIABLE), parameters):
+      remember_origin(view, node)
+
+
+def _reaches_gradients(nodes: Collection[UOp], parameters: set[UOp]) -> bool:
+  return not parameters.isdisjoint(nodes) or any(map(autograd_origin, nodes))
 
 
 # *** helpers ***

@@ -1,12 +1,15 @@
 """The reductions and scans of tensor_ops/reduce.py, by value."""
+from unittest import mock
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rawgrad import Tensor, dtypes
+from rawgrad import GlobalCounters, Tensor, dtypes
 from rawgrad.compiler.ir import Ops
 from rawgrad.compiler.rangeify import create_schedule
+from rawgrad.tensor_ops import reduce
 
 rng = np.random.default_rng(11)
 
@@ -130,3 +133,81 @@ def test_a_small_topk_is_not_a_sort() -> None:
     for node in item.ast.toposort:
       if node.op is Ops.REDUCE: work += int(np.prod(item.dims)) * int(np.prod([r.src[0].arg for r in node.src[1:]]))
   assert work < 4 * 500 * 500 // 10, work
+
+
+def _stable_order(row: np.ndarray, descending: bool) -> np.ndarray:
+  """The stable sort's indices by numpy: nan the largest, -0.0 equal to 0.0, ties in their order."""
+  keys = np.where(np.isnan(row), np.inf, row).astype(np.float64) if row.dtype.kind == "f" else row.astype(np.int64)
+  rank_nan = np.isnan(row) if row.dtype.kind == "f" else np.zeros(len(row), bool)
+  if descending: return np.lexsort((np.arange(len(row)), -keys, ~rank_nan))
+  return np.lexsort((np.arange(len(row)), keys, rank_nan))
+
+
+@settings(max_examples=12, deadline=None)
+@given(size=st.integers(2, 70), descending=st.booleans(), seed=st.integers(0, 2**16),
+       dtype=st.sampled_from([np.float32, np.float16, np.int32, np.int8]))
+def test_the_sorting_network_gives_the_stable_order(size: int, descending: bool, seed: int, dtype: type) -> None:
+  """Rows sorted by the bitonic network (its thresholds lowered to these small rows; sizes that are not powers of
+  two are padded): the stable order, with ties, nan, -0.0 and the int32 extremes."""
+  r = np.random.default_rng(seed)
+  x = r.integers(-4, 4, (3, size)).astype(dtype)
+  if dtype in (np.float32, np.float16):
+    x[0, r.integers(0, size, 3)] = np.nan
+    x[1, r.integers(0, size, 3)] = -0.0
+    x[2] = r.standard_normal(size).astype(dtype)
+  if dtype == np.int32: x[2, r.integers(0, size, 2)] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max]
+  with mock.patch.multiple(reduce, SORT_NETWORK=2, SORT_NETWORK_WORK=1):
+    values, indices = Tensor(x).sort(1, descending=descending)
+  expected = np.stack([_stable_order(row, descending) for row in x])
+  np.testing.assert_array_equal(indices.numpy(), expected)
+  np.testing.assert_array_equal(values.numpy(), np.take_along_axis(x, expected, 1))
+  assert values.dtype == Tensor(x).dtype and indices.dtype == dtypes.int64
+
+
+def test_a_long_sort_is_a_network_not_size_squared_comparisons() -> None:
+  """One row of 50257 (a language model's vocabulary): log2(65536) * 17 / 2 = 136 compare-exchange steps of 65536
+  elements and a gather, not 50257^2 comparisons; the values' gradient goes back to where each value came from."""
+  row = rng.standard_normal((1, 50257)).astype(np.float32)
+  t = Tensor(row, requires_grad=True)
+  GlobalCounters.reset()
+  values, indices = t.sort(1, descending=True)
+  Tensor.realize(values, indices)
+  assert GlobalCounters.kernel_count <= 140 and GlobalCounters.global_ops < 50257**2 // 20, \
+    (GlobalCounters.kernel_count, GlobalCounters.global_ops)
+  order = np.argsort(-row[0], kind="stable")
+  np.testing.assert_array_equal(indices.numpy()[0], order)
+  np.testing.assert_array_equal(values.numpy()[0], row[0, order])
+  weights = np.arange(50257, dtype=np.float32)
+  (grad,) = (values * Tensor(weights)).sum().gradient(t)
+  expected = np.empty(50257, np.float32)
+  expected[order] = weights
+  np.testing.assert_array_equal(grad.numpy()[0], expected)
+
+
+def test_cummax_takes_the_last_index_of_the_extreme_and_a_nan_once_there() -> None:
+  """PyTorch's indices: ties take the latest, and from a nan on the running value is nan, its index the latest nan's
+  (the indices were -1 there)."""
+  values, indices = Tensor(np.array([1, np.nan, 2, 0, np.nan, 3], np.float32)).cummax(0)
+  np.testing.assert_array_equal(values.numpy(), [1, np.nan, np.nan, np.nan, np.nan, np.nan])
+  assert indices.tolist() == [0, 1, 1, 1, 4, 4]
+  values, indices = Tensor(np.array([2, 5, 5, 1, 5, 7], np.int32)).cummin(0)
+  assert values.tolist() == [2, 2, 2, 1, 1, 1] and indices.tolist() == [0, 0, 0, 3, 3, 3]
+
+
+@pytest.mark.parametrize("size", [65, 1000])
+def test_long_cummax_goes_block_by_block(size: int) -> None:
+  """Longer than SCAN_BLOCK: the running maximum block by block (no window of size x size), its indices the running
+  maximum of the positions where an element is the extreme so far."""
+  r = np.random.default_rng(size)
+  x = r.integers(-20, 20, (3, size)).astype(np.float32)
+  items = create_schedule([Tensor(x).cummax(1).values.uop, Tensor(x).cummax(1).indices.uop]).items
+  assert all(r.src[0].arg <= 64 for item in items for node in item.ast.toposort if node.op is Ops.REDUCE
+             for r in node.src[1:]), "a reduce over more than a block"
+  values, indices = Tensor(x).cummax(1)
+  running = np.maximum.accumulate(x, 1)
+  np.testing.assert_array_equal(values.numpy(), running)
+  # the last j <= i with x[j] equal to the running maximum at i
+  hits = (x[:, None, :] == running[:, :, None]) & np.tri(size, dtype=bool)[None]
+  expected = size - 1 - np.argmax(hits[:, :, ::-1], axis=2)
+  np.testing.assert_array_equal(indices.numpy(), expected)
+  np.testing.assert_array_equal(Tensor(x).cummin(1).values.numpy(), np.minimum.accumulate(x, 1))
