@@ -639,7 +639,8 @@ class EmulatedKernel(KernelInterface):
     if command == rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR:
       self.boosts.pop(target.client.handle, None)
       return
-    if command not in (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX):
+    boosts = (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX)
+    if command not in boosts:
       raise RMStatus(rm.NV_ERR_INVALID_ARGUMENT, f"performance boost command {command}")
     if not (0 < params.duration <= rm.NV2080_CTRL_PERF_BOOST_DURATION_MAX
             or params.duration == rm.NV2080_CTRL_PERF_BOOST_DURATION_INFINITE):

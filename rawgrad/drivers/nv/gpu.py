@@ -18,9 +18,9 @@ from rawgrad.helpers import DEBUG
 CONTROL_PATH = "/dev/nvidiactl"
 USERMODE_BYTES = 0x10000
 # the highest performance state, asked as a compute client (CUDA) with high priority
-BOOST_TO_MAX = (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
-                | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES << rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA[1]
-                | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY_HIGH << rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY[1])
+_CUDA, _PRIORITY = rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA[1], rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY[1]  # low bits
+BOOST_TO_MAX = (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_YES << _CUDA
+                | rm.NV2080_CTRL_PERF_BOOST_FLAGS_CUDA_PRIORITY_HIGH << _PRIORITY)
 # the classes we drive, newest first: the first one the chip lists is used (per-chip lists: notes section 2)
 GPFIFO_CLASSES = (classes.HOPPER_CHANNEL_GPFIFO_A, classes.AMPERE_CHANNEL_GPFIFO_A)
 COMPUTE_CLASSES = (classes.HOPPER_COMPUTE_A, classes.ADA_COMPUTE_A, classes.AMPERE_COMPUTE_B, classes.AMPERE_COMPUTE_A)

@@ -200,8 +200,8 @@ def test_a_boost_is_the_clients_own_and_checked(kernel: EmulatedKernel, client: 
   subdevice = client.alloc(_device(client), rm.NV20_SUBDEVICE_0, rm.NV2080_ALLOC_PARAMETERS(subDeviceId=0))
   boost = lambda flags, duration: client.control(  # noqa: E731
     subdevice, rm.NV2080_CTRL_CMD_PERF_BOOST, rm.NV2080_CTRL_PERF_BOOST_PARAMS(flags=flags, duration=duration))
-  for flags, duration in ((3, 10), (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX, 0),
-                          (rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX, rm.NV2080_CTRL_PERF_BOOST_DURATION_MAX + 1)):
+  to_max = rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_TO_MAX
+  for flags, duration in ((3, 10), (to_max, 0), (to_max, rm.NV2080_CTRL_PERF_BOOST_DURATION_MAX + 1)):
     with pytest.raises(RMError, match="NV_ERR_INVALID_ARGUMENT"): boost(flags, duration)
   boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_BOOST_1LEVEL, 60)
   other = RMClient(kernel, kernel.open("/dev/nvidiactl"))
