@@ -13,7 +13,8 @@ TOPK_SELECTION = 16  # topk of at most this many (along a longer axis) takes the
 SCAN_BLOCK = 64  # scans longer than this go block by block (cumsum of 1024x4096 rows: 190 ms in one step, 5.4 ms)
 # rows this long or longer, when rows x size^2 comparisons come to SORT_NETWORK_WORK, are sorted by a bitonic network:
 # measured on 2 cores, 4 rows of 16384 took 88.6 ms as size^2 comparisons and 56 ms through the network's 105 steps
-# (of 4096: 11.5 and 39 ms); one row of 50257: 69 ms through the network, ~2.5 s as comparisons (torch: 3 ms)
+# (of 4096: 11.5 and 39 ms); one row of 50257 210 and 71 ms (torch: 3 ms); 4 rows of 131072 92 ms through the
+# network, ~6 s as comparisons at that rate
 SORT_NETWORK, SORT_NETWORK_WORK = 2048, 1 << 30
 
 Axis = int | Sequence[int] | None
