@@ -691,7 +691,12 @@ def _scattered_row(total: UOp, outputs: list[UOp]) -> tuple[UOp, UOp, UOp, UOp] 
 
 
 def _scatters(device: str) -> bool:
-  return device.split(":")[0] in SCATTER_DEVICES
+  return _kind(device) in SCATTER_DEVICES
+
+
+def _kind(device: str) -> str:
+  """"CPU" of "CPU:1": the device kind the CPU-only rules (SCATTER_DEVICES, STREAMED_DEVICES, ...) name."""
+  return device.split(":")[0]
 
 
 class ScatteredApart(Exception):
@@ -944,7 +949,7 @@ def group_kernels(nodes: list[UOp], realizes: dict[UOp, str], outputs: set[UOp])
   for cluster in sorted(depth, key=lambda c: (depth[c], nodes.index(c[0]))):
     head = cluster[0]
     if fusable[head]: key: tuple = ("fusable", depth[cluster], head.device, prod(head.shape))
-    elif head.device.split(":")[0] in SHARED_SUM_DEVICES and (summed := _streaming_sum(head, realizes)) is not None:
+    elif _kind(head.device) in SHARED_SUM_DEVICES and (summed := _streaming_sum(head, realizes)) is not None:
       key = ("sums", depth[cluster], head.device, head.shape, summed.src[0].shape, summed.arg)
     else: key = cluster
     groups.setdefault(key, []).append(cluster)
@@ -960,7 +965,7 @@ def _split_streams(clusters: list[tuple[UOp, ...]], realizes: dict[UOp, str]) ->
   in one kernel and 199 us split, hence STREAMED_BYTES. Measured on CPUs only: a GPU's memory serves many streams,
   and each of its launches costs more (a jit replay on an H100: 7.3 us per kernel, docs/hardware.md), so GPU
   groups stay whole."""
-  if len(clusters) == 1 or clusters[0][0].device.split(":")[0] not in STREAMED_DEVICES: return [clusters]
+  if len(clusters) == 1 or _kind(clusters[0][0].device) not in STREAMED_DEVICES: return [clusters]
   streams = [_buffers_of_cluster(cluster, realizes) for cluster in clusters]
   if sum(prod(b.shape) * b.dtype.itemsize for b in set().union(*streams)) < STREAMED_BYTES: return [clusters]
   parts: list[list[tuple[UOp, ...]]] = [[]]

@@ -199,7 +199,10 @@ class NVGPU:
   def _abandon(self) -> None:
     """After a failed bring-up: close what was opened (the driver frees the objects made through it)."""
     memory, uvm = getattr(self, "memory", None), getattr(self, "uvm", None)
-    if getattr(self, "boost_refused", None) == "": self._boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR, 0)
+    try:
+      if getattr(self, "boost_refused", None) == "": self._boost(rm.NV2080_CTRL_PERF_BOOST_FLAGS_CMD_CLEAR, 0)
+    except OSError:
+      pass   # the error being raised is the one to report (closing the control fd ends the boost too)
     fds = [self.device_fd] if hasattr(self, "device_fd") else []
     fds += [self.control_fd] + ([uvm.mm_fd, uvm.fd] if uvm is not None else [])
     for fd in fds:

@@ -193,28 +193,29 @@ def test_a_tile_is_not_staged_for_a_load_whose_gate_differs_between_its_threads(
     np.testing.assert_allclose(run_on(both, arch).reshape(3, 2), np.stack([a.sum(1), b.sum(1)], 1), rtol=1e-5)
 
 
-def _weight_gradient(n: int, ci: int, co: int, size: int, k: int) -> tuple[Tensor, np.ndarray]:
+def weight_gradient_kernel(n: int, ci: int, co: int, size: int, k: int):
+  """The kernel summing a convolution's weight gradient (its inputs computed), and its values by numpy in the order
+  the kernel stores them: Ci, kh, kw, Co (the gradient is permuted after it)."""
   x, w, g = rand(n, ci, size, size, seed=1), rand(co, ci, k, k, seed=2), rand(n, co, size - k + 1, size - k + 1, seed=3)
   weight = Tensor(w, requires_grad=True)
   (Tensor(x).conv2d(weight) * Tensor(g)).sum().backward()
+  items = create_schedule([weight.grad.uop]).items
+  index = next(i for i, item in enumerate(items) if item.ast.arg.startswith("r_"))
+  run_schedule(items[:index])
   windows = np.lib.stride_tricks.sliding_window_view(x, (k, k), axis=(2, 3))   # n, ci, oh, ow, k, k
-  return weight.grad, np.einsum("nchwij,nohw->ocij", windows, g)
+  return items[index], np.einsum("nchwij,nohw->cijo", windows, g).reshape(-1)
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "gfx1100"])
 def test_block_reduce_of_unrolled_outputs_keeps_each_outputs_partials_apart(arch: str) -> None:
   """Outputs unrolled before a BLOCK_REDUCE (a register block) each have a slot per lane in shared memory: with one
   slot per lane, the unrolled outputs overwrote each other's partials."""
-  gradient, expected = _weight_gradient(2, 4, 4, 8, 3)
-  items = create_schedule([gradient.uop]).items
-  index = next(i for i, item in enumerate(items) if item.ast.arg.startswith("r_"))
-  run_schedule(items[:index])
-  ast = items[index].ast
-  # the gradient is summed as Ci, kh, kw, Co (then permuted); the reduction runs over n, oh, ow
+  item, expected = weight_gradient_kernel(2, 4, 4, 8, 3)
+  ast = item.ast
+  # Ci, kh, kw, Co; the reduction runs over n, oh, ow
   assert [size_of(r) for r in loop_axes(ast)] == [4, 3, 3, 4, 2, 6, 6]
-  stored = expected.transpose(1, 2, 3, 0).reshape(-1)
   for opts in ([Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.UNROLL, 2, 2), Opt(BLOCK_REDUCE, 3, 2)],
                [Opt(OptOps.UNROLL, 1, 3), Opt(OptOps.UNROLL, 1, 3), Opt(BLOCK_REDUCE, 2, 8)], None):
-    np.testing.assert_allclose(run_item(items[index], arch, opts), stored, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(run_item(item, arch, opts), expected, rtol=1e-4, atol=1e-4)
   with pytest.raises(OptError, match="vector outputs"):
     apply_opts(ast, [Opt(OptOps.UPCAST, 0, 4), Opt(BLOCK_REDUCE, 4, 2)])

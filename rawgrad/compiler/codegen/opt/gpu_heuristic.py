@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 
 from rawgrad.compiler.codegen.opt.kernel import THREAD, Opt, OptOps, all_ranges, range_kind, size_of, stride
-from rawgrad.compiler.codegen.opt.planner import Planner, accesses, constant
+from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.target import Target
 
@@ -122,20 +122,27 @@ def _share_reduction(plan: Planner, block: int, target: Target) -> bool:
   loop = contiguous[-1] if contiguous else max(plan.reduce_loops, key=lambda r: sizes[r] or SHARED_REDUCE_MIN)
   size = sizes[loop]
   threads = min(block, _power_of_two_at_least(size)) if size is not None else block
-  position, loops_before = plan.loops.index(loop), len(plan.loops)
-  _register_block(plan, loads, outputs * threads, target)
-  count = len(plan.opts)
-  # each output loop (they come before the reduce loops) an UNROLL used up moves the reduce loop a place up
-  plan.apply(OptOps.BLOCK_REDUCE, plan.loops[position - (loops_before - len(plan.loops))], threads)
-  return len(plan.opts) > count
+  register_block = _register_block(plan, loads, outputs * threads, target)
+  _apply_in_order(plan, [*register_block, (OptOps.BLOCK_REDUCE, loop, threads)])
+  return any(opt.op is OptOps.BLOCK_REDUCE for opt in plan.opts)
 
 
-def _register_block(plan: Planner, loads: list, threads: int, target: Target) -> None:
-  """UNROLL two output loops into a register block where one load stays put along the first and moves along the
-  second, and another the other way round, so each loaded value feeds as many accumulators as the other loop's
+def _apply_in_order(plan: Planner, opts: list[tuple[OptOps, UOp, int]]) -> None:
+  """Apply opts to loops all named before the first is applied: by their places (an applied opt renumbers the
+  loops), each place moving up one for every loop before it that an opt used up entirely."""
+  places = [plan.loops.index(loop) for _, loop, _ in opts]
+  for i, (op, _, amount) in enumerate(opts):
+    loops_before = len(plan.loops)
+    plan.apply(op, plan.loops[places[i]], amount)
+    if len(plan.loops) < loops_before: places = [p - (p > places[i]) for p in places]
+
+
+def _register_block(plan: Planner, loads: list[Access], threads: int, target: Target) -> list[tuple[OptOps, UOp, int]]:
+  """The UNROLLs of two output loops into a register block where one load stays put along the first and moves along
+  the second, and another the other way round, so each loaded value feeds as many accumulators as the other loop's
   block: the largest such block of at most SHARED_ACCUMULATORS that leaves `threads` / its size threads at least
-  threads_in_flight / SHARED_BLOCK_THREADS."""
-  def moves(load, r) -> bool: return stride(load.index, r) != 0
+  threads_in_flight / SHARED_BLOCK_THREADS ([] where there is none)."""
+  def moves(load: Access, r: UOp) -> bool: return stride(load.index, r) != 0
   sizes = {r: constant(size_of(r)) or 1 for r in plan.output_loops}
   best: tuple[int, UOp, int, UOp, int] | None = None
   for first in plan.output_loops:
@@ -147,13 +154,9 @@ def _register_block(plan: Planner, loads: list, threads: int, target: Target) ->
       if a * b > 1 and threads // (a * b) >= target.threads_in_flight // SHARED_BLOCK_THREADS and \
          (best is None or a * b > best[0]):
         best = (a * b, first, a, second, b)
-  if best is None: return
+  if best is None: return []
   _, first, a, second, b = best
-  loops_before, first_position, position = len(plan.loops), plan.loops.index(first), plan.loops.index(second)
-  if a > 1: plan.apply(OptOps.UNROLL, first, a)
-  # the first loop may have been used up entirely, moving the second a place up
-  if len(plan.loops) < loops_before and first_position < position: position -= 1
-  if b > 1: plan.apply(OptOps.UNROLL, plan.loops[position], b)
+  return [(OptOps.UNROLL, loop, amount) for loop, amount in ((first, a), (second, b)) if amount > 1]
 
 
 def _thread_outputs(plan: Planner, block: int) -> None:
@@ -174,10 +177,5 @@ def _thread_outputs(plan: Planner, block: int) -> None:
   if inner_threads < block and others:
     outer_size = constant(size_of(others[-1]))
     outer_threads = min(block // inner_threads, _power_of_two_at_least(outer_size) if outer_size else block)
-  inner_position = plan.loops.index(inner)
-  if outer_threads > 1:
-    outer_position, loops_before = plan.loops.index(others[-1]), len(plan.loops)
-    plan.apply(OptOps.THREADS, others[-1], outer_threads)
-    # the outer loop may have been used up entirely, moving the inner one a place up
-    if len(plan.loops) < loops_before and outer_position < inner_position: inner_position -= 1
-  if inner_threads > 1: plan.apply(OptOps.THREADS, plan.loops[inner_position], inner_threads)
+  split = [(others[-1], outer_threads), (inner, inner_threads)] if outer_threads > 1 else [(inner, inner_threads)]
+  _apply_in_order(plan, [(OptOps.THREADS, loop, amount) for loop, amount in split if amount > 1])

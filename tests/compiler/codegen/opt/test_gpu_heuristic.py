@@ -93,17 +93,9 @@ def test_a_weight_gradient_shares_its_reduction_in_register_blocks() -> None:
 
 def test_register_blocks_of_a_shared_reduction_compute_the_right_values(monkeypatch) -> None:
   from rawgrad.compiler.codegen.opt import gpu_heuristic
+  from tests.compiler.codegen.test_gpu import run_item, weight_gradient_kernel
   monkeypatch.setattr(gpu_heuristic, "SHARED_BLOCK_THREADS", 1 << 30)   # blocks however few threads are left
-  x, w, g = (rng.standard_normal(shape).astype(np.float32) for shape in ((4, 8, 12, 12), (8, 8, 3, 3), (4, 8, 10, 10)))
-  weight = Tensor(w, requires_grad=True)
-  (Tensor(x).conv2d(weight) * Tensor(g)).sum().backward()
-  items = create_schedule([weight.grad.uop]).items
-  index = max(range(len(items)), key=lambda i: len(items[i].ast.toposort))
-  opts = gpu_opts(items[index].ast, gpu_target("sm_90"))
+  item, expected = weight_gradient_kernel(4, 8, 8, 12, 3)
+  opts = gpu_opts(item.ast, gpu_target("sm_90"))
   assert [o.op for o in opts] == [OptOps.UNROLL, OptOps.UNROLL, OptOps.BLOCK_REDUCE], opts
-  from rawgrad.engine.realize import run_schedule
-  from tests.compiler.codegen.test_gpu import run_item
-  run_schedule(items[:index])
-  windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
-  expected = np.einsum("nchwij,nohw->cijo", windows, g).reshape(-1)   # summed as Ci, kh, kw, Co
-  np.testing.assert_allclose(run_item(items[index], "sm_90", opts), expected, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(run_item(item, "sm_90", opts), expected, rtol=1e-4, atol=1e-4)
