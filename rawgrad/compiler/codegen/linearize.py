@@ -262,6 +262,8 @@ def linearize(ast: UOp) -> list[UOp]:
   nests = [(loops, [store for store in ast.src if loops_of[store] == loops])
            for loops in dict.fromkeys(loops_of.values())]
   for loops, stores in nests:
+    # what this nest's stores compute, the partials its barriers wait on included (their REDUCEs share loops)
+    linearizer.nest_nodes = set(UOp.sink(*stores).toposort)
     for barrier in _barriers(stores):
       if linearizer.lookup(barrier) is not None: continue
       # the slices meet with no loop open; everything after the barrier runs in one slice
@@ -276,7 +278,6 @@ def linearize(ast: UOp) -> list[UOp]:
     for loop in loops[shared:]:
       linearizer.open_loop(loop)
       linearizer.emit_ready_stagings(pending)
-    linearizer.nest_nodes = set(UOp.sink(*stores).toposort)
     for store in stores: linearizer.emit(store)
   for loop in reversed(linearizer.open_loops): linearizer.close_loop(loop)
   return linearizer.program

@@ -4,12 +4,14 @@
    thread reduces a strided share (consecutive threads read consecutive elements) and the block combines them.
    Where two loads each stay put along an output loop the other moves along (a weight gradient: the image is the
    same for every output channel, the output's gradient for every input channel), each thread first takes a
-   register block of those two loops' outputs (UNROLL), so that every value loaded feeds several accumulators.
+   register block of those two loops' outputs (UNROLL; of one of them where the other's size takes no block), so
+   that every value loaded feeds several accumulators.
 2. Otherwise each thread computes a few outputs: a vector of them along the loop the store is contiguous along (one
    16-byte access each, when there are outputs enough to keep the GPU busy), times a few rows when a loaded vector
-   is reused across another output loop (a matmul's register block). The loop the store is contiguous along is
-   split into the threads of a block (THREADS), topped up from the next loop out when it is short; the rest of the
-   output loops become the grid (codegen/gpu.py). Reduce loops run inside each thread.
+   is reused across another output loop (a matmul's register block); outputs that cannot be vectors still take a
+   block of rows when a loaded value is reused across them (a convolution's channels). The loop the store is
+   contiguous along is split into the threads of a block (THREADS), topped up from the next loop out when it is
+   short; the rest of the output loops become the grid (codegen/gpu.py). Reduce loops run inside each thread.
 3. Loads that several threads of a block read (a matmul's rows and columns) are staged in shared memory a tile at a
    time: the reduce loop is tiled, and in each tile the block copies them in together (LOCAL), then reads them from
    there, while they fit the target's shared memory.
@@ -29,8 +31,8 @@ OUTPUT_SHARE = 2             # fewer outputs than the GPU's threads in flight / 
 REDUCE_PER_OUTPUT_SHARE = 16  # a reduction at least outputs / this long is shared by a block (else outputs are many)
 ROW_BLOCK = 8                # rows of a register block: each loaded vector feeds this many accumulators
 REDUCE_TILE = 16             # reduce iterations per staged tile
-SHARED_ACCUMULATORS = 32     # outputs of a register block in a shared reduction (one partial each per thread)
-SHARED_BLOCK_THREADS = 4     # ... taken while the threads left are at least the GPU's threads in flight / this
+SHARED_ACCUMULATORS = 64     # outputs of a register block in a shared reduction (one partial each per thread)
+SHARED_BLOCK_THREADS = 32    # ... taken while the threads left are at least the GPU's threads in flight / this
 
 
 def gpu_opts(ast: UOp, target: Target) -> list[Opt]:
@@ -84,7 +86,7 @@ def _vectorize_outputs(plan: Planner, target: Target, block: int) -> None:
   if lanes < 2 or outputs < lanes * block * WARPS_PER_BLOCK: return
   contiguous = [r for r in plan.output_loops
                 if stride(store.index, r) == 1 and (constant(size_of(r)) or 1) % lanes == 0]
-  if not contiguous: return
+  if not contiguous: return _unroll_rows(plan, store, outputs, block)
   count = len(plan.opts)
   column = plan.apply(OptOps.UPCAST, contiguous[-1], lanes)
   if len(plan.opts) == count or not plan.reduce_loops: return
@@ -98,6 +100,19 @@ def _vectorize_outputs(plan: Planner, target: Target, block: int) -> None:
     plan.apply(OptOps.UNROLL, column, 2)
     rows = [plan.loops[row_position]]
   plan.apply(OptOps.UNROLL, rows[-1], ROW_BLOCK)
+
+
+def _unroll_rows(plan: Planner, store: Access, outputs: int, block: int) -> None:
+  """Outputs that cannot be vectors (a 10 x 10 image's columns): a register block of ROW_BLOCK rows of an output
+  loop along which a load that moves with the store's contiguous loop stays put (a convolution's channels: each
+  image value loaded feeds ROW_BLOCK accumulators), when outputs are plenty for a thread per block."""
+  if not plan.reduce_loops or outputs < ROW_BLOCK * block * WARPS_PER_BLOCK: return
+  column = next((r for r in reversed(plan.output_loops) if stride(store.index, r) == 1), None)
+  if column is None: return
+  moving = [a for a in accesses(plan.ast) if not a.is_store and stride(a.index, column) != 0]
+  rows = [r for r in plan.output_loops if r is not column and (constant(size_of(r)) or 1) % ROW_BLOCK == 0 and
+          any(stride(a.index, r) == 0 for a in moving)]
+  if rows: plan.apply(OptOps.UNROLL, rows[-1], ROW_BLOCK)
 
 
 def _power_of_two_at_least(size: int) -> int:
