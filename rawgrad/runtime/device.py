@@ -38,6 +38,8 @@ class Allocator:
     return self._alloc(nbytes)
 
   def free(self, memory: DeviceMemory, nbytes: int) -> None:
+    # a buffer collected in one garbage cycle with its memory's owner: the driver is freeing the memory already
+    if memory.released: return
     if self.cached_bytes + nbytes > self.cache_limit_bytes:
       self._release(memory, nbytes)
       return

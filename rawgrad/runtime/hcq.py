@@ -20,8 +20,9 @@ around waits for the device to be done with what it overwrites.
 from __future__ import annotations
 
 import time
+import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -126,6 +127,27 @@ class HWQueue:
 
 # *** device memory ***
 
+@dataclass(eq=False)
+class Release:
+  """Whether the finalizer of what keeps an allocation alive has run (see on_collect)."""
+  done: bool = False
+
+
+def on_collect(owner: Any, callback: Callable[..., None], *args: Any) -> None:
+  """Run callback(*args) once `owner` (what every DeviceMemory of an allocation holds) is collected, and record on it
+  that this happened (owner.release). The collector runs such finalizers of a garbage cycle before the cycle's
+  __del__ methods: a Buffer collected in the same cycle as its memory's owner then hands that memory to its
+  allocator's cache (bringing the owner back) after the driver began to free it. Allocator.free drops memory whose
+  release is done."""
+  release = owner.release = Release()
+  weakref.finalize(owner, _collected, release, callback, args)
+
+
+def _collected(release: Release, callback: Callable[..., None], args: tuple) -> None:
+  release.done = True
+  callback(*args)
+
+
 @dataclass(frozen=True)
 class DeviceMemory:
   """An allocation (or a view of one): its device address and size, and its host mapping where the host can reach
@@ -134,6 +156,12 @@ class DeviceMemory:
   nbytes: int
   host: np.ndarray | None = None   # uint8 view of the same bytes
   owner: Any = None                # whatever keeps the memory alive
+
+  @property
+  def released(self) -> bool:
+    """Its allocation's owner was collected (on_collect): the driver frees it once the device is done with it."""
+    release = getattr(self.owner, "release", None)
+    return isinstance(release, Release) and release.done
 
   def view(self, offset: int, nbytes: int) -> DeviceMemory:
     if offset < 0 or offset + nbytes > self.nbytes:

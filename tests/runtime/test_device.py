@@ -9,20 +9,21 @@ from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import dtypes
 from rawgrad.helpers import GlobalCounters, getenv
 from rawgrad.runtime.device import Allocator, Buffer, Device, bind_buffer, buffer_for
+from rawgrad.runtime.hcq import DeviceMemory
 
 
 class _CountingAllocator(Allocator):
-  """Hands out numbered fake memories and records what it really frees."""
+  """Hands out numbered fake memories (at address 1, 2, ...) and records what it really frees."""
 
   def __init__(self, cache_limit_bytes: int) -> None:
     super().__init__(cache_limit_bytes)
     self.made, self.released = 0, []
 
-  def _alloc(self, nbytes: int) -> str:
+  def _alloc(self, nbytes: int) -> DeviceMemory:
     self.made += 1
-    return f"memory {self.made} ({nbytes} bytes)"
+    return DeviceMemory(self.made, nbytes)
 
-  def _free(self, memory: str, nbytes: int) -> None:
+  def _free(self, memory: DeviceMemory, nbytes: int) -> None:
     self.released.append(memory)
 
 

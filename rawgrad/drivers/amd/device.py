@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import ctypes
 import time
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +43,7 @@ from rawgrad.runtime.compile import LLVMCompiler, append_program, embedded_progr
 from rawgrad.runtime.device import Allocator
 from rawgrad.runtime.elf import AMDKernel, load_amd_kernel
 from rawgrad.runtime.hcq import COMPUTE, COPY, DeviceFault, DeviceMemory, HCQDevice, HCQSignal, \
-  HostRing, HWQueue
+  HostRing, HWQueue, Release, on_collect
 
 INDIRECT_BUFFER_RING_BYTES = 4 << 20
 SPIN_BEFORE_SLEEP_S = 2e-3        # host waits poll this long before sleeping on the KFD event
@@ -142,6 +141,7 @@ class GPUClock:
 class MemoryOwner:
   """Keeps a buffer object alive while some DeviceMemory refers to it."""
   allocation: Allocation
+  release: Release | None = None   # set by on_collect
 
 
 # *** encoded queues ***
@@ -242,7 +242,7 @@ class AMDDevice(HCQDevice):
     """What a DeviceMemory (and its views) hold on to; when it goes, the allocation is freed after the submissions
     that may still use it."""
     owner = MemoryOwner(allocation)
-    weakref.finalize(owner, self._release, allocation)
+    on_collect(owner, self._release, allocation)
     return owner
 
   def _release(self, allocation: Allocation) -> None:

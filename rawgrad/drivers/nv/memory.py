@@ -12,7 +12,6 @@ Small allocations share 2 MiB slabs (one RM object, one UVM range each), so a te
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -25,6 +24,7 @@ from rawgrad.drivers.nv.rm import field as bits
 from rawgrad.drivers.os import (MAP_ANONYMOUS, MAP_FIXED, MAP_FIXED_NOREPLACE, MAP_NORESERVE, MAP_PRIVATE, MAP_SHARED,
                                 PROT_NONE, PROT_READ, PROT_WRITE, KernelInterface, host_view)
 from rawgrad.helpers import round_up
+from rawgrad.runtime.hcq import Release, on_collect
 from rawgrad.runtime.memory import release_range
 
 PAGE = 4096
@@ -184,6 +184,7 @@ class Block:
   offset: int
   nbytes: int
   heap: SlabHeap | None = field(default=None, repr=False)
+  release: Release | None = field(default=None, repr=False)   # set by on_collect
 
   @property
   def address(self) -> int:
@@ -214,7 +215,7 @@ class SlabHeap:
     size = round_up(max(nbytes, 1), SUBALLOCATION_ALIGNMENT)
     if size > SLAB_BYTES // 2:
       block = Block(self.make(size), 0, nbytes)
-      weakref.finalize(block, self._collected, block.allocation, -1, block.allocation.nbytes)
+      on_collect(block, self._collected, block.allocation, -1, block.allocation.nbytes)
       return block
     with self.lock:
       self.reclaim()
@@ -226,7 +227,7 @@ class SlabHeap:
         found = self._first_fit(size)
     slab, offset = found
     block = Block(slab, offset, nbytes, self)
-    weakref.finalize(block, self._collected, slab, offset, size)
+    on_collect(block, self._collected, slab, offset, size)
     return block
 
   def _first_fit(self, size: int) -> tuple[Allocation, int] | None:

@@ -3,6 +3,7 @@ GPU timestamps, waits across the two queues, SDMA copies, rings that wrap, and w
 waited for."""
 from __future__ import annotations
 
+import gc
 import time
 
 import numpy as np
@@ -12,6 +13,8 @@ from rawgrad.drivers.amd import queues
 from rawgrad.drivers.amd.device import AMDDevice
 from rawgrad.drivers.amd.emulated import EmulatedKernel
 from rawgrad.drivers.amd.emulated_gpu import MemoryFault
+from rawgrad.dtype import dtypes
+from rawgrad.runtime.device import Buffer
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
 
 
@@ -153,3 +156,22 @@ def test_rings_wrap_around(monkeypatch: pytest.MonkeyPatch) -> None:
     assert small.compute_queue.write_index > 16 and small.copy_queue.write_pointer > 4096
   finally:
     small.close()
+
+
+def test_a_buffer_collected_with_its_memory_in_a_cycle_does_not_hand_the_memory_out_again(amd: AMDDevice) -> None:
+  """The collector runs the finalizer of the memory's owner (the driver starts freeing it) before the cycle's
+  Buffer.__del__, which put the memory into the allocator's cache: the next buffer of that size got memory unmapped
+  under it (a GPU memory fault in an optimizer's replayed steps, whenever a collection came at that moment)."""
+  gc.collect()
+  doomed = Buffer("AMD", 12345, dtypes.uint8).ensure_allocated()
+  cycle: list = [doomed]
+  cycle.append(cycle)
+  del doomed, cycle
+  gc.collect()
+  reused = Buffer("AMD", 12345, dtypes.uint8).ensure_allocated()
+  amd.synchronize()
+  amd.submit(HWQueue())   # past the submission the free waited for: the device is done with the old memory
+  amd.synchronize()
+  data = np.arange(12345, dtype=np.uint8)
+  reused.copyin(memoryview(data))
+  np.testing.assert_array_equal(reused.numpy(), data)
