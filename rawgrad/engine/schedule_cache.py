@@ -40,6 +40,8 @@ class _Template:
 # keyed by the structure key's hash, computed once per lookup (a tuple's is not cached, and a dict lookup and the
 # LRU's move each hash their key); a template made for another key of the same hash is a miss
 _templates: LRUCache[int, _Template] = LRUCache(max(SCHEDULE_CACHE_SIZE, 1))
+RECENT_GRAPHS = 4  # graphs whose nodes and structure key are kept (with the buffers they hold)
+_recent_graphs: LRUCache[UOp, tuple[list[UOp], tuple | bytes | None, int | None]] = LRUCache(RECENT_GRAPHS)
 stats = {"hits": 0, "misses": 0}
 
 
@@ -48,13 +50,16 @@ def cached_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   no kernel is built, and on_kernel is not called)."""
   if SCHEDULE_CACHE_SIZE <= 0: return create_schedule(outputs, on_kernel)
   graph = UOp.sink(*outputs)
-  nodes = list(graph.toposort)
-  # a graph's key is a function of the graph alone: kept on its root, like its toposort, for a realize of the same
-  # graph again (its nodes alive: held, or not collected yet)
-  if (keyed := graph.__dict__.get("structure_key")) is None:
+  # a graph's nodes and key are functions of the graph alone: the last few graphs' are kept, for a realize of the same
+  # graph again. Not on the root, as they were: a toposort holds its root, and that cycle kept every graph's buffers
+  # (inputs made from data, the graphs realized outputs had) alive until the garbage collector ran: each Tensor(data)
+  # of a loop was fresh memory, page faulted in as it was written (16 MB: 34 ms where 3 do)
+  if (known := _recent_graphs.get(graph)) is None:
+    nodes = list(graph.toposort)
+    del graph.__dict__["toposort"]
     key = _structure_key(nodes)
-    keyed = graph.__dict__["structure_key"] = (key, None if key is None else hash(key))
-  key, key_hash = keyed
+    known = _recent_graphs.put(graph, (nodes, key, None if key is None else hash(key)))
+  nodes, key, key_hash = known
   if key is None: return create_schedule(outputs, on_kernel)
   if (template := _templates.get(key_hash)) is not None and template.key == key:
     stats["hits"] += 1
