@@ -691,9 +691,7 @@ def _remember_for_autograd(becomes_map: dict[UOp, UOp], kept: set[UOp], paramete
   if not parameters and not any_origin_remembered(): return  # no gradient can flow through any graph
   for node, view in becomes_map.items():
     if node.op is Ops.ASSIGN or node in parameters or buffer_base(view) not in kept: continue
-    # its toposort not cached on it (a cycle: the node is in it) unless it was already
-    order = node.__dict__.get("toposort") or node.reachable_without_entering(lambda n: False)
-    if not _reaches_gradients(order, parameters): continue
+    if not _reaches_gradients(node.walked(), parameters): continue
     # what reaches them only through a detach or a comparison (a sort's order) has no gradient to keep a graph for
     if _reaches_gradients(node.reachable_without_entering(lambda n: n.op in NOT_DIFFERENTIABLE), parameters):
       remember_origin(view, node)

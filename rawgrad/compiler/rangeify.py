@@ -829,6 +829,7 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
       break
     except ScatteredApart as apart:
       realizes[apart.total] = "a sum scattered into its rows (rangeify.scatter_sum) is a kernel of its own"
+  sink.__dict__.pop("toposort", None)   # it holds the sink: a cycle that would keep the graph's buffers until a gc
   return Schedule(ordered, make_becomes_map(cleaned, buffers_of), realizes)
 
 
@@ -1134,7 +1135,7 @@ def make_becomes_map(cleaned: dict[UOp, UOp], buffers_of: dict[UOp, UOp]) -> dic
 
 def order_for_assigns(items: list[ScheduleItem], roots: list[tuple[UOp, ...]]) -> list[ScheduleItem]:
   """Dependency order, plus: a kernel that reads a buffer's old value runs before the assign that overwrites it."""
-  below = [set().union(*(root.toposort for root in group)) for group in roots]
+  below = [set().union(*(root.walked() for root in group)) for group in roots]
   must_precede: dict[int, set[int]] = {i: set() for i in range(len(items))}
   for i in range(len(items)):
     for j, other in enumerate(roots):

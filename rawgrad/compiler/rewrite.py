@@ -365,11 +365,12 @@ def graph_rewrite(root: UOp, matcher: PatternMatcher, ctx: Any = None, bottom_up
   return _Rewriter(matcher, ctx, bottom_up, name or "graph_rewrite", cache).run(root)
 
 
-def substitute(root: UOp, mapping: dict[UOp, UOp]) -> UOp:
-  """Replace each occurrence of a key of `mapping` by its value, once (replacements are not searched again)."""
+def substitute(root: UOp, mapping: dict[UOp, UOp], order: dict[UOp, None] | None = None) -> UOp:
+  """Replace each occurrence of a key of `mapping` by its value, once (replacements are not searched again). `order`
+  is root's toposort where the caller has it (walked without caching it on root)."""
   if not mapping: return root
   new: dict[UOp, UOp] = {}
-  for node in root.toposort:
+  for node in root.toposort if order is None else order:
     if node in mapping:
       new[node] = mapping[node]
       continue

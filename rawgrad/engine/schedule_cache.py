@@ -105,8 +105,9 @@ def _make_template(key: tuple | bytes, schedule: Schedule, nodes: list[UOp]) -> 
   for node, view in schedule.becomes_map.items():
     if node not in position: continue  # a node of the cleaned graph only: no tensor holds it
     # a view with a symbolic size (a BIND) is not kept: its value would be a hole too
-    if any(leaf not in placeholders for leaf in view.toposort if leaf.op in (Ops.BUFFER, Ops.BIND)): return None
-    becomes.append((position[node], substitute(view, placeholders)))
+    order = view.walked()   # not cached on the view: a toposort holds its node, a cycle that keeps the buffer
+    if any(leaf not in placeholders for leaf in order if leaf.op in (Ops.BUFFER, Ops.BIND)): return None
+    becomes.append((position[node], substitute(view, placeholders, order)))
   named = tuple((position[node], placeholder) for node, placeholder in inputs.items())
   return _Template(key, tuple(items), tuple(bound_at), named, tuple(fresh.values()), tuple(becomes))
 
