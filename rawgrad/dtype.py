@@ -295,6 +295,16 @@ def truncate(value: Any, dtype: DType) -> Any:
   raise TypeError(f"cannot hold a value in {dtype}")
 
 
+def bfloat16_bits(values: np.ndarray) -> np.ndarray:
+  """Numbers as bfloat16's bits (uint16): through float32 (as PyTorch converts), then rounded to nearest, ties to
+  even; nan stays nan."""
+  with np.errstate(over="ignore"):
+    single = np.ascontiguousarray(values, dtype=np.float32)
+  bits = single.view(np.uint32).astype(np.uint64)
+  rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+  return np.where(np.isnan(single), ((bits >> 16) | 0x40).astype(np.uint16), rounded)
+
+
 def _round_bfloat16(value: float) -> float:
   bits = struct.unpack("<I", struct.pack("<f", truncate(value, dtypes.float32)))[0]
   rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest, ties to even

@@ -9,10 +9,10 @@ import numpy as np
 
 from rawgrad.compiler.gradient import (NOT_DIFFERENTIABLE, any_origin_remembered, autograd_origin, compute_gradient,
                                       expand_realized, remember_origin)
-from rawgrad.compiler.ir import Ops, UOp, sint
+from rawgrad.compiler.ir import GroupOp, Ops, UOp, sint
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.dtype import DType, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
+from rawgrad.dtype import DType, bfloat16_bits, dtypes, least_upper_dtype, sum_acc_dtype, to_dtype
 from rawgrad.engine.jit import refuse_host_read
 from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
@@ -60,7 +60,7 @@ def _nested_shape(data: Any) -> tuple[int, ...]:
   if not isinstance(data, (list, tuple)): return ()
   if not data: return (0,)
   inner = [_nested_shape(item) for item in data]
-  if not all_same(inner): raise ValueError(f"nested sequence is ragged: sub-shapes {sorted(set(inner))}")
+  if not all_same(inner): raise ShapeError(f"nested sequence is ragged: sub-shapes {sorted(set(inner))}")
   return (len(data), *inner[0])
 
 
@@ -72,9 +72,19 @@ def _uop_of(data: Any, device: str, dtype: DType | None) -> UOp:
   if isinstance(data, (bool, int, float)):
     return UOp.const(dtype or dtypes.from_py(data), data, (_device_node(device),))
   if isinstance(data, (list, tuple)):
+    data = _python_values(data)
     dtype = dtype or dtypes.from_py(data)
-    return _from_numpy(np.array(_flat(data), dtype=dtypes.to_numpy(dtype)).reshape(_nested_shape(data)), device, dtype)
+    held = np.float64 if dtype == dtypes.bfloat16 else dtypes.to_numpy(dtype)   # bfloat16: values, not bits
+    return _from_numpy(np.array(_flat(data), dtype=held).reshape(_nested_shape(data)), device, dtype)
   raise TypeError(f"cannot make a Tensor from {type(data).__name__}")
+
+
+def _python_values(data: Any) -> Any:
+  """Nested lists with the one-element tensors in them as Python numbers (as torch.tensor takes them)."""
+  if isinstance(data, Tensor): return data.item()
+  if isinstance(data, (list, tuple)) and any(isinstance(item, (Tensor, list, tuple)) for item in data):
+    return [_python_values(item) for item in data]
+  return data
 
 
 def _flat(data: Any) -> list:
@@ -144,6 +154,39 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def __repr__(self) -> str:
     return f"<Tensor shape={self.shape} dtype={self.dtype!r} device={self.device}>"
+
+  # *** one element as a Python value (each reads the device), as PyTorch's ***
+
+  def _one_value(self, what: str) -> Any:
+    if self.numel() != 1:
+      raise ShapeError(f"{what} of a tensor needs one element, got shape {self.shape} (use .any() or .all() for "
+                       "truth values)" if what == "the truth value" else
+                       f"{what} of a tensor needs one element, got shape {self.shape}")
+    return self.item()
+
+  def __bool__(self) -> bool:
+    return bool(self._one_value("the truth value"))
+
+  def __float__(self) -> float:
+    return float(self._one_value("float()"))
+
+  def __int__(self) -> int:
+    return int(self._one_value("int()"))
+
+  def __index__(self) -> int:
+    if not dtypes.is_int(self.dtype):
+      raise DTypeError(f"only integer tensors of one element can be used as an index, got {self.dtype!r}")
+    return int(self._one_value("an index"))
+
+  def __format__(self, spec: str) -> str:
+    return format(self._one_value("format()"), spec) if spec else repr(self)
+
+  def __contains__(self, element: Any) -> bool:
+    return bool((self == element).any())
+
+  def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    values = self.numpy()
+    return values if dtype is None else values.astype(dtype)
 
   # *** creation ***
 
@@ -553,9 +596,21 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
     return self._advanced_getitem(index)
 
   def __setitem__(self, index: Any, value: Any) -> None:
-    """Write into the elements `index` selects, in place and at once (as PyTorch does)."""
+    """Write into the elements `index` selects, in place and at once (as PyTorch does). Ints, slices, None and ...
+    select a view of the buffer, written through; tensor, list and boolean-mask indices select copies, so their
+    positions are scattered into (where an index repeats a position, the last write wins)."""
     if not is_buffer_view(self.uop): self.realize()
-    self[index].assign(value).realize()
+    realize_readers([self])
+    if _is_basic_index(index):
+      self[index].assign(value).realize()
+      return
+    positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
+    values = value if isinstance(value, Tensor) else Tensor(value, self.device, self.dtype)
+    if values.device != self.device:
+      raise RuntimeError(f"cannot assign a tensor on {values.device} into one on {self.device}")
+    values = values.cast(self.dtype)._broadcast_to(positions.shape)
+    flat = self.reshape(-1).scatter(0, positions.reshape(-1), values.reshape(-1))
+    self.assign(flat.reshape(self.shape)).realize()
 
   # *** reductions ***
 
@@ -672,6 +727,31 @@ def _apply_becomes_map(becomes_map: dict[UOp, UOp]) -> set[UOp]:
   return kept
 
 
+def realize_readers(written: Sequence[Tensor], exclude: Sequence[Tensor] = ()) -> None:
+  """Before the buffers of `written` are overwritten in place: realize the lazy tensors computed from them (not views
+  of them, which see the new values, as PyTorch's views do), except `exclude` (realized with the write). PyTorch
+  computes a tensor when it is made, so `loss.backward(); optimizer.step(); loss.item()` reads the loss of the
+  weights before the step; a lazy loss realized after it read the new ones."""
+  buffers = {base for tensor in written if (base := buffer_base(tensor.uop)) is not None}
+  skipped = {id(tensor) for tensor in exclude}
+  readers = [tensor for tensor in list(lazy_tensors) if id(tensor) not in skipped and not _is_view(tensor.uop) and
+             not buffers.isdisjoint(tensor.uop.walked())] if buffers else []
+  if readers: readers[0].realize(*readers[1:])
+
+
+def _is_view(node: UOp) -> bool:
+  """Movement ops over a buffer: reading it sees later writes, as PyTorch's views do."""
+  while node.op in GroupOp.Movement: node = node.src[0]
+  return node.op is Ops.BUFFER
+
+
+def _is_basic_index(index: Any) -> bool:
+  """An index of ints, slices, None and Ellipsis only: it selects a view (no tensor, list or bool)."""
+  items = index if isinstance(index, tuple) else (index,)
+  return all(item is None or item is Ellipsis or isinstance(item, slice) or
+             (isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_))) for item in items)
+
+
 def _set_graph(tensor: Tensor, uop: UOp) -> None:
   """Give the tensor a new graph, filed with the lazy or the realized tensors."""
   tensor.uop = uop
@@ -722,7 +802,10 @@ def is_buffer_view(node: UOp) -> bool:
 def _from_numpy(array: np.ndarray, device: str, dtype: DType | None) -> UOp:
   dtype = dtype or dtypes.from_numpy(array.dtype)
   # a copy, as torch.tensor makes: later writes to the user's array must not reach the tensor
-  data = np.array(array, dtype=dtypes.to_numpy(dtype), order="C", copy=True)
+  # bfloat16 from numbers is rounded to its bits; a uint16 array is taken as the bits themselves (how numpy holds
+  # bfloat16: safetensors, ml_dtypes)
+  if dtype == dtypes.bfloat16 and array.dtype != np.uint16: data = bfloat16_bits(array)
+  else: data = np.array(array, dtype=dtypes.to_numpy(dtype), order="C", copy=True)
   uop = _buffer_uop(data.shape, dtype, device)
   buffer_for(uop.src[0] if uop.op is Ops.RESHAPE else uop).set_initial(data)
   return uop

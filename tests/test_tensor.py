@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
+from rawgrad.errors import DTypeError, ShapeError
 from rawgrad.tensor import Tensor
 
 # *** helpers ***
@@ -1050,3 +1051,47 @@ def test_realize_files_tensors_as_lazy_or_realized() -> None:
   assert filed(b, realized_tensors) and filed(c, realized_tensors)
   np.testing.assert_array_equal(b.numpy(), [1, 3, 5])
   np.testing.assert_array_equal(c.numpy(), [1, 3, 5])
+
+
+def test_one_element_tensors_are_python_values_as_in_torch() -> None:
+  """bool() fell back to len() (a 1-element False tensor was True; `if (x > 5).any():` raised), float(), int() and
+  f-strings raised, and numpy saw an array of Tensors."""
+  assert bool(Tensor([0.0]) > 0) is False and bool(Tensor(1.0)) is True
+  assert float(Tensor([2.5])) == 2.5 and int(Tensor(np.array(3, np.int64))) == 3
+  assert f"{Tensor(3.14159):.2f}" == "3.14" and [10, 20, 30][Tensor(np.array(1, np.int32))] == 20
+  assert 2 in Tensor([1, 2, 3]) and 5 not in Tensor([1, 2, 3])
+  np.testing.assert_array_equal(np.asarray(Tensor([1.0, 2.0])), [1.0, 2.0])
+  with pytest.raises(ShapeError, match=r"truth value .* shape \(2,\)"): bool(Tensor([1.0, 2.0]) > 0)
+  with pytest.raises(DTypeError, match="integer tensors"): [1, 2][Tensor(1.0)]
+  # and in lists of data, as torch.tensor takes them
+  assert Tensor([Tensor(1.0), Tensor(2.0)]).tolist() == [1.0, 2.0] and Tensor([[Tensor(1), 2]]).tolist() == [[1, 2]]
+
+
+def test_bfloat16_from_data_and_from_doubles_holds_the_values_torch_does() -> None:
+  """Data given as bfloat16 was stored as integers in its 16 bits (1.5 read back 9.2e-41), and a double narrowed to
+  bfloat16 in a kernel (bf16 tensor * 2: the 2 is a double parameter) called a libgcc routine many lack."""
+  torch = pytest.importorskip("torch")
+  values = [1.5, 3.0, -2.7, 1 + 2 ** -8 + 2 ** -40, 65520.0, float("nan"), float("inf"), 1e300]
+  expected = torch.tensor(values, dtype=torch.bfloat16).float().numpy()
+  doubles = np.array(values)
+  for made in (Tensor(values, dtype=dtypes.bfloat16), Tensor(doubles, dtype=dtypes.bfloat16),
+               Tensor(doubles).cast(dtypes.bfloat16)):
+    np.testing.assert_array_equal(made.cast(dtypes.float32).numpy(), expected)
+  half = Tensor(doubles).cast(dtypes.float16).cast(dtypes.float32).numpy()
+  np.testing.assert_array_equal(half, torch.tensor(values, dtype=torch.float16).float().numpy())
+  assert (Tensor([1.5], dtype=dtypes.bfloat16) * 2).cast(dtypes.float32).tolist() == [3.0]
+
+
+def test_shape_dtype_and_index_mistakes_are_runtime_errors_too() -> None:
+  """As README says: so `except RuntimeError` written for torch catches them (these were plain ValueError, TypeError
+  and IndexError)."""
+  from rawgrad import nn
+  from rawgrad.errors import ArgumentError, IndexOutOfRange
+  cases = [(lambda: nn.BatchNorm(3)(Tensor(np.zeros((2, 4, 5, 5), np.float32))), ShapeError),
+           (lambda: nn.LayerNorm(4)(Tensor(np.zeros((2, 3), np.float32))), ShapeError),
+           (lambda: Tensor([1.0, 2.0]).topk(3), ArgumentError), (lambda: Tensor([[1, 2], [3]]), ShapeError),
+           (lambda: Tensor([1.0, 2.0]) & Tensor([1.0, 2.0]), DTypeError),
+           (lambda: Tensor([1.0, 2.0, 3.0])[Tensor([True, False])], IndexOutOfRange)]
+  for make, error in cases:
+    with pytest.raises(error) as raised: make()
+    assert isinstance(raised.value, RuntimeError)

@@ -18,6 +18,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from rawgrad.dtype import DType, dtypes, to_dtype
+from rawgrad.errors import ShapeError
 from rawgrad.nn import init, optim, state  # noqa: F401  (rawgrad.nn.init, as torch.nn.init)
 from rawgrad.tensor import Tensor
 
@@ -104,7 +105,7 @@ def _filled(shape: tuple[int, ...], value: float, dtype: DType | None, device: s
 
 def _check_channels(name: str, x: Tensor, channels: int, axis: int = 1) -> None:
   if x.ndim <= axis or x.shape[axis] != channels:
-    raise ValueError(f"{name}: expected input with {channels} channels in axis {axis}, got shape {x.shape}")
+    raise ShapeError(f"{name}: expected input with {channels} channels in axis {axis}, got shape {x.shape}")
 
 
 # *** linear and convolution ***
@@ -242,7 +243,7 @@ class LayerNorm(Module):
 
   def forward(self, x: Tensor) -> Tensor:
     if tuple(x.shape[x.ndim - len(self.normalized_shape):]) != self.normalized_shape:
-      raise ValueError(f"LayerNorm: input of shape {x.shape} does not end in normalized_shape "
+      raise ShapeError(f"LayerNorm: input of shape {x.shape} does not end in normalized_shape "
                        f"{self.normalized_shape}")
     return x.layer_norm(self.normalized_shape, self.weight, self.bias, self.eps)
 
@@ -274,7 +275,7 @@ class RMSNorm(Module):
 
   def forward(self, x: Tensor) -> Tensor:
     if tuple(x.shape[x.ndim - len(self.normalized_shape):]) != self.normalized_shape:
-      raise ValueError(f"RMSNorm: input of shape {x.shape} does not end in normalized_shape {self.normalized_shape}")
+      raise ShapeError(f"RMSNorm: input of shape {x.shape} does not end in normalized_shape {self.normalized_shape}")
     return x.rms_norm(self.normalized_shape, self.weight, self.eps)
 
 

@@ -29,7 +29,7 @@ from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
 from rawgrad.engine.jit import capturing
 from rawgrad.helpers import LRUCache
-from rawgrad.tensor import Tensor, is_buffer_view
+from rawgrad.tensor import Tensor, is_buffer_view, realize_readers
 from rawgrad.tensor_jit import JitError, jit
 
 
@@ -67,6 +67,8 @@ class Optimizer:
     same state buffers, gradient shapes and settings) replays the kernels captured from that step (rawgrad.jit)
     rather than building the update's graph again: after two steps, a step costs microseconds per parameter. The
     capture holds on to the gradient buffers of the last step until the next one replaces them."""
+    # what was computed from the weights and state before the step keeps their old values (see realize_readers)
+    realize_readers(self._written(), [*self.buffers, *(p.grad for p in self.params if p.grad is not None)])
     key = self._replay_key()
     replay = None if key is None else self._replays.get(key)
     if key is not None and replay is None: replay = self._replays.put(key, jit(self._realize_step))
@@ -80,6 +82,12 @@ class Optimizer:
   def _realize_step(self, *inputs: Tensor) -> None:
     # `inputs` (the gradients and buffers) are what the jit swaps on replay; the update reads them through the params
     if tensors := self.schedule_step(): Tensor.realize(*tensors)
+
+  def _written(self) -> list[Tensor]:
+    """The tensors a step writes in place: the parameters and the optimizer's state."""
+    state = [t for name, value in vars(self).items() if name not in ("buffers", "params")
+             for t in (value if isinstance(value, list) else [value]) if isinstance(t, Tensor)]
+    return [*self.params, *state]
 
   def _replay_key(self) -> tuple | None:
     """What a captured step depends on besides the values in its buffers: the buffers of the parameters and the

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.dtype import DType, dtypes
+from rawgrad.errors import DTypeError
 from rawgrad.tensor_ops.helpers import TensorBase
 from rawgrad.tensor_ops.helpers import with_gradient as _with_gradient
 
@@ -104,6 +105,9 @@ class ElementwiseOps(TensorBase):
     operands' dtype, as torch.div. Integer division by zero gives 0 (PyTorch raises, which a lazy tensor cannot)."""
     if rounding_mode not in _ROUNDING_MODES:
       raise ValueError(f"div rounding_mode must be one of {_ROUNDING_MODES}, got {rounding_mode!r}")
+    if rounding_mode is None and not dtypes.is_float(self.dtype) and not isinstance(other, type(self)):
+      # a Python number would take the integer dtype first (-3 as a uint8 is 253): the tensor becomes float first
+      return self.cast(dtypes.default_float).div(other, reverse)
     x, y = self._broadcasted(other, reverse)
     if rounding_mode == "floor": return _floor_divide(x, y)
     if rounding_mode == "trunc": return _truncating_divide(x, y)
@@ -148,11 +152,11 @@ class ElementwiseOps(TensorBase):
     return self.maximum(-self)
 
   def sign(self) -> Tensor:
-    """-1, 0 or 1 (nan for nan, as numpy)."""
+    """-1, 0 or 1 (0 for nan, as PyTorch; numpy gives nan)."""
     if self.dtype == dtypes.bool: return self
     if not dtypes.is_float(self.dtype):
       return (self > 0).where(self._scalar(1), (self < 0).where(self._scalar(-1), self._scalar(0)))
-    return (self > 0).where(1.0, (self < 0).where(-1.0, (self != self).where(self, self.zeros_like())))
+    return (self > 0).where(1.0, (self < 0).where(-1.0, self.zeros_like()))
 
   def square(self) -> Tensor:
     return self * self
@@ -401,7 +405,7 @@ class ElementwiseOps(TensorBase):
   def bitwise_not(self) -> Tensor:
     if self.dtype == dtypes.bool: return self.logical_not()
     if not dtypes.is_int(self.dtype):
-      raise TypeError(f"bitwise_not is only defined for integer and bool tensors, got {self.dtype}")
+      raise DTypeError(f"bitwise_not is only defined for integer and bool tensors, got {self.dtype}")
     return _alu(self, Ops.XOR, self._scalar(dtypes.max(self.dtype) if dtypes.is_unsigned(self.dtype) else -1))
 
   def __invert__(self) -> Tensor: return self.bitwise_not()
@@ -994,14 +998,14 @@ def _bitwise(x: Tensor, op: Ops, other: Any, name: str, reverse: bool = False) -
   a, b = x._broadcasted(other, reverse)
   if dtypes.is_float(a.dtype):
     other_kind = repr(other.dtype) if isinstance(other, type(x)) else f"the {type(other).__name__} {other!r}"
-    raise TypeError(f"{name} is only defined for integer and bool tensors, got {x.dtype!r} and {other_kind}")
+    raise DTypeError(f"{name} is only defined for integer and bool tensors, got {x.dtype!r} and {other_kind}")
   return _alu(a, op, b)
 
 
 def _shift(x: Tensor, amount: Tensor, left: bool) -> Tensor:
   """Shifts as PyTorch: amounts outside [0, bits) shift everything out (0, or -1 for a negative x shifted right)."""
   if not dtypes.is_int(x.dtype):
-    raise TypeError(f"{'left' if left else 'right'} shift is only defined for integer tensors, got {x.dtype}")
+    raise DTypeError(f"{'left' if left else 'right'} shift is only defined for integer tensors, got {x.dtype}")
   bits = 8 * x.dtype.itemsize
   outside = (amount < 0) | (amount >= bits) if not dtypes.is_unsigned(x.dtype) else amount >= bits
   shifted = _alu(x, Ops.SHL if left else Ops.SHR, outside.where(0, amount))

@@ -6,7 +6,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 
 from rawgrad.compiler.ir import Ops
 from rawgrad.dtype import dtypes, sum_acc_dtype
-from rawgrad.errors import ShapeError
+from rawgrad.errors import ArgumentError, ShapeError
 from rawgrad.tensor_ops.helpers import TensorBase, reduce_axes, resolve_axis, with_gradient
 
 TOPK_SELECTION = 16  # topk of at most this many (along a longer axis) takes them one pass each, instead of sorting
@@ -73,7 +73,10 @@ class ReduceOps(TensorBase):
     axis = resolve_axis(axis, self.ndim)
     size = self.shape[axis]
     if size == 0: raise ShapeError(f"argmax of an empty axis {axis} of shape {self.shape}")
-    is_max = self == self.max(axis, keepdim=True)
+    peak = self.max(axis, keepdim=True)
+    is_max = self == peak
+    # nan is the maximum of a row holding one (as max says): its first nan, as in PyTorch
+    if dtypes.is_float(self.dtype): is_max = is_max | ((self != self) & (peak != peak))
     # the first maximum has the largest value of size - position among the maxima
     countdown = (is_max.where(size - self._positions(axis), 0)).max(axis, keepdim)
     return (size - countdown).cast(dtypes.int64)
@@ -130,7 +133,7 @@ class ReduceOps(TensorBase):
     """The k largest (or smallest) values along `dim` and their indices, in order (also when sorted=False)."""
     axis = resolve_axis(dim, self.ndim)
     size = self.shape[axis] if self.ndim else 1
-    if not 0 <= k <= size: raise ValueError(f"topk k={k} is out of range for dim {dim} of size {size}")
+    if not 0 <= k <= size: raise ArgumentError(f"topk k={k} is out of range for dim {dim} of size {size}")
     if 0 < k <= TOPK_SELECTION < size and _has_order_keys(self.dtype): return self._select_top(k, axis, largest)
     values, indices = self.sort(axis, descending=largest)
     if self.ndim == 0: return ValuesIndices(values, indices)

@@ -717,7 +717,7 @@ def _host_mask(item: Any, tensor: Tensor, axis: int) -> np.ndarray | None:
   else: return None
   covered = tuple(tensor.shape[axis:axis + mask.ndim])
   if mask.shape != covered:
-    raise IndexError(f"mask of shape {mask.shape} does not match the shape {covered} of the dims it indexes, "
+    raise IndexOutOfRange(f"mask of shape {mask.shape} does not match the shape {covered} of the dims it indexes, "
                      f"starting at dim {axis} of {tensor.shape}")
   return mask
 
@@ -737,7 +737,7 @@ def _gather_points(x: Tensor, picks: list[tuple[int, Tensor, bool]]) -> Tensor:
     points = broadcast_shape(*(index.shape for _, index, _ in picks))
   except ValueError:
     shapes = ", ".join(str(tuple(index.shape)) for _, index, _ in picks)
-    raise IndexError(f"index tensors of shapes {shapes} cannot be broadcast together") from None
+    raise IndexOutOfRange(f"index tensors of shapes {shapes} cannot be broadcast together") from None
   dims = [dim for dim, _, _ in picks]
   rest = [d for d in range(x.ndim) if d not in dims]
   sizes = [x.shape[d] for d in dims]

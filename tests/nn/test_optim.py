@@ -344,3 +344,21 @@ def test_replayed_steps_follow_lr_settings_skipped_gradients_and_pending_buffers
     np.testing.assert_allclose(w.numpy(), expected_w, rtol=1e-5, err_msg=f"weight after step {step}")
     np.testing.assert_allclose(extra.numpy(), expected_extra, rtol=1e-5, err_msg=f"extra after step {step}")
     np.testing.assert_array_equal(frozen.numpy(), np.full(3, step + 2, np.float32))
+
+
+@pytest.mark.parametrize("make", [lambda params: SGD(params, lr=0.1, momentum=0.9),
+                                  lambda params: Adam(params, lr=0.1)])
+def test_a_loss_read_after_the_step_is_the_loss_before_it(make: Callable) -> None:
+  """As in PyTorch, where the loss is computed when it is made: `loss.backward(); opt.step(); loss.item()` is the loss
+  of the weights before the step. The lazy loss was computed after the step wrote the weights (each printed loss was
+  the next step's), in eager steps and in replayed ones."""
+  w, b = Tensor(W0.copy(), requires_grad=True), Tensor(B0.copy(), requires_grad=True)
+  optimizer = make([w, b])
+  for step in range(5):
+    expected_w, expected_b = w.numpy().astype(np.float64), b.numpy().astype(np.float64)
+    residual = X.astype(np.float64) @ expected_w.T + expected_b - Y
+    optimizer.zero_grad()
+    loss = loss_of(w, b)
+    loss.backward()
+    optimizer.step()
+    assert loss.item() == pytest.approx(float((residual ** 2).mean()), rel=1e-5), f"step {step}"

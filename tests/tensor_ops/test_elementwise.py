@@ -124,7 +124,7 @@ UNARY: dict[str, tuple[Callable[[Tensor], Tensor], Callable[[np.ndarray], np.nda
   "square": (lambda t: t.square(), np.square, 0.5),
   "abs": (lambda t: t.abs(), np.abs, 0),
   "neg": (lambda t: -t, np.negative, 0),
-  "sign": (lambda t: t.sign(), lambda x: np.sign(x) + 0.0, 0),
+  "sign": (lambda t: t.sign(), lambda x: np.where(np.isnan(x), 0.0, np.sign(x) + 0.0), 0),   # PyTorch: 0 for nan
   "sin": (lambda t: t.sin(), np.sin, 1),
   "cos": (lambda t: t.cos(), np.cos, 1),
   "tan": (lambda t: t.tan(), np.tan, 1),
@@ -791,3 +791,12 @@ def test_backward_accumulates_through_mixin_functions() -> None:
   (x.tanh() * x.sigmoid()).sum().backward()
   expected = (1 - np.tanh(values) ** 2) * sigmoid64(values) + np.tanh(values) * sigmoid64(values) * sigmoid64(-values)
   np.testing.assert_allclose(x.grad.numpy(), expected, rtol=1e-12)
+
+
+def test_true_division_of_an_integer_tensor_by_a_python_number_is_float_division() -> None:
+  """The number took the tensor's dtype first: uint8 / -3 divided by 253."""
+  values = np.array([3, 200], np.uint8)
+  np.testing.assert_allclose((Tensor(values) / -3).numpy(), values / -3, rtol=1e-6)
+  np.testing.assert_allclose((-3 / Tensor(values)).numpy(), -3 / values, rtol=1e-6)
+  np.testing.assert_allclose((Tensor(values.astype(np.int32)) / 2.5).numpy(), values / 2.5, rtol=1e-6)
+  assert (Tensor(values) / -3).dtype == dtypes.float32

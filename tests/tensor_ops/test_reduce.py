@@ -42,6 +42,13 @@ def test_argmax_argmin_take_the_first_of_ties() -> None:
   assert Tensor(unsigned).argmin().item() == 1
 
 
+def test_argmax_argmin_of_a_row_with_nan_is_its_first_nan() -> None:
+  """As PyTorch (nan is the row's max and min). An index past the row's end came back: no element equals nan."""
+  rows = np.array([[1, np.nan, 3, np.nan], [np.nan, 0, 0, 0], [1, 3, 2, 3]], np.float32)
+  assert Tensor(rows).argmax(1).tolist() == [1, 0, 1] and Tensor(rows).argmin(1).tolist() == [1, 0, 0]
+  assert Tensor(rows).argmax().item() == 1 and Tensor(rows[2]).argmin().item() == 0
+
+
 def test_softmax_family_is_stable() -> None:
   big = np.array([[1000.0, 1000.0, -1000.0], [-np.inf, 0.0, -np.inf]], np.float32)
   np.testing.assert_allclose(Tensor(big).softmax(1).numpy(), [[0.5, 0.5, 0], [0, 1, 0]], atol=1e-7)

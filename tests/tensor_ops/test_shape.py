@@ -464,6 +464,24 @@ def test_advanced_getitem_against_torch():
     check(Tensor(x)._advanced_getitem(index), expected)
 
 
+def test_setitem_writes_what_torch_writes():
+  """Tensor, list and boolean-mask indices select copies: a write through them used to be lost without a word."""
+  torch = pytest.importorskip("torch")
+  x = data((3, 4, 5))
+  mask = x[:, :, 0] > 0
+  rows, columns = np.array([0, 2]), np.array([1, 3])
+  cases = [([1, 2], [1, 2], 7.0), (Tensor(rows), torch.from_numpy(rows), data((4, 5))),
+           ((Tensor(rows), Tensor(columns)), (torch.from_numpy(rows), torch.from_numpy(columns)), -1.0),
+           ((1, slice(None), [0, 4]), (1, slice(None), [0, 4]), data((4, 2))),
+           (Tensor(mask), torch.from_numpy(mask), 3.0), ((Ellipsis, [4, 0]), (Ellipsis, [4, 0]), data((3, 4, 1))),
+           ((slice(1, None), 2), (slice(1, None), 2), data((5,))), ([2, 2], [2, 2], 5.0)]
+  for index, torch_index, value in cases:
+    ours, theirs = Tensor(x.copy()), torch.from_numpy(x.copy())
+    ours[index] = Tensor(value) if isinstance(value, np.ndarray) else value
+    theirs[torch_index] = torch.from_numpy(value) if isinstance(value, np.ndarray) else value
+    check(ours, theirs.numpy())
+
+
 def test_advanced_getitem_non_buffer_source():
   x = data((4, 3))
   computed = Tensor(x) * 2 + 1
@@ -568,3 +586,12 @@ def test_gradient_through_backward():
   Tensor.cat(x, x, dim=0).roll(1, 0)._advanced_getitem([0, 3]).sum().backward()
   np.testing.assert_allclose(x.grad.numpy(), np.array([[1.0, 1, 1], [1, 1, 1]]))
   assert x.grad.dtype == dtypes.float64
+
+
+def test_a_write_leaves_what_was_computed_from_the_old_values() -> None:
+  """PyTorch computes y = x * 2 when it is made; a lazy y read x after the write. Views still see the write."""
+  x = Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+  y, view = x * 2, x[1:]
+  x[0] = 100.0
+  x[Tensor(np.array([2]))] = -1.0
+  assert y.tolist() == [2.0, 4.0, 6.0] and x.tolist() == [100.0, 2.0, -1.0] and view.tolist() == [2.0, -1.0]

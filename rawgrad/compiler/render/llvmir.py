@@ -578,6 +578,13 @@ class _FunctionWriter:
       wide = dtypes.float32.vec(source.count)
       self.emit(f"{widened} = fpext {llvm_type(source)} {value} to {llvm_type(wide)}")
       source, value = wide, widened
+    if source.scalar == dtypes.float64 and node.dtype.scalar in (dtypes.float16, dtypes.bfloat16):
+      # through float32, as PyTorch converts: no instruction narrows a double to 16 bits (LLVM calls libgcc, whose
+      # __truncdfbf2 many lack)
+      single = self.fresh()
+      wide = dtypes.float32.vec(source.count)
+      self.emit(f"{single} = fptrunc {llvm_type(source)} {value} to {llvm_type(wide)}")
+      source, value = wide, single
     self.define(node, _cast_text(value, source, node.dtype))
 
   def op_bitcast(self, node: UOp) -> None:
