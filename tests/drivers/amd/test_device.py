@@ -3,7 +3,6 @@ GPU timestamps, waits across the two queues, SDMA copies, rings that wrap, and w
 waited for."""
 from __future__ import annotations
 
-import gc
 import time
 
 import numpy as np
@@ -13,9 +12,8 @@ from rawgrad.drivers.amd import queues
 from rawgrad.drivers.amd.device import AMDDevice
 from rawgrad.drivers.amd.emulated import EmulatedKernel
 from rawgrad.drivers.amd.emulated_gpu import MemoryFault
-from rawgrad.dtype import dtypes
-from rawgrad.runtime.device import Buffer
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
+from tests.drivers.collected import buffer_after_a_collected_cycle
 
 
 def test_gtt_is_one_address_for_the_cpu_and_the_gpu(device: AMDDevice) -> None:
@@ -162,16 +160,7 @@ def test_a_buffer_collected_with_its_memory_in_a_cycle_does_not_hand_the_memory_
   """The collector runs the finalizer of the memory's owner (the driver starts freeing it) before the cycle's
   Buffer.__del__, which put the memory into the allocator's cache: the next buffer of that size got memory unmapped
   under it (a GPU memory fault in an optimizer's replayed steps, whenever a collection came at that moment)."""
-  gc.collect()
-  doomed = Buffer("AMD", 12345, dtypes.uint8).ensure_allocated()
-  cycle: list = [doomed]
-  cycle.append(cycle)
-  del doomed, cycle
-  gc.collect()
-  reused = Buffer("AMD", 12345, dtypes.uint8).ensure_allocated()
-  amd.synchronize()
-  amd.submit(HWQueue())   # past the submission the free waited for: the device is done with the old memory
-  amd.synchronize()
+  reused = buffer_after_a_collected_cycle("AMD", 12345)
   data = np.arange(12345, dtype=np.uint8)
   reused.copyin(memoryview(data))
   np.testing.assert_array_equal(reused.numpy(), data)

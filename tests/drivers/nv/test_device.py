@@ -1,6 +1,5 @@
 """NVDevice on the emulated H100: memory at one address for the CPU and the GPU, submissions, signals with GPU
 timestamps, waits across the two channels, copy-engine copies, and waits that time out naming what they waited for."""
-import gc
 import os
 import time
 
@@ -14,6 +13,7 @@ from rawgrad.drivers.nv.rm import RMError
 from rawgrad.dtype import dtypes
 from rawgrad.runtime.device import Buffer
 from rawgrad.runtime.hcq import COMPUTE, COPY, HWQueue
+from tests.drivers.collected import buffer_after_a_collected_cycle
 
 
 def test_the_seam_alone_switches_the_driver_to_the_emulation() -> None:
@@ -176,16 +176,7 @@ def test_a_buffer_collected_with_its_memory_in_a_cycle_does_not_share_it_with_a_
   """The collector runs the finalizer of the memory's piece (back to the heap once the device is done) before the
   cycle's Buffer.__del__, which put the memory into the allocator's cache too: the next buffer of that size and a
   new piece from the heap then shared bytes."""
-  gc.collect()
-  doomed = Buffer("NV", 12345, dtypes.uint8).ensure_allocated()
-  cycle: list = [doomed]
-  cycle.append(cycle)
-  del doomed, cycle
-  gc.collect()
-  reused = Buffer("NV", 12345, dtypes.uint8).ensure_allocated()
-  nv.synchronize()
-  nv.submit(HWQueue())    # past the submission the piece waited for: the heap takes it back
-  nv.synchronize()
+  reused = buffer_after_a_collected_cycle("NV", 12345)
   others = [Buffer("NV", 12346, dtypes.uint8).ensure_allocated() for _ in range(8)]   # first fit: the lowest piece
   for other in others:
     assert other.address + other.nbytes <= reused.address or reused.address + reused.nbytes <= other.address
