@@ -18,7 +18,7 @@ from rawgrad.engine.jit import (CapturedKernel, CommandGraph, JitError, capturin
                                 stop_capture)
 from rawgrad.runtime.device import Buffer, _buffers, buffer_for
 from rawgrad.tensor import Tensor, live_tensors
-from rawgrad.tensor_ops.random import DRAW_MASK, advance_draws, random_draws
+from rawgrad.tensor_ops.random import DRAW_MASK, advance_draws, random_draws, random_seed
 from rawgrad.tensor_ops.bounds import DeferredCheck, computed_count, computed_since, mark_computed
 
 __all__ = ["jit", "JitError"]
@@ -36,10 +36,12 @@ def _is_bound_variable(value: Any) -> bool:
 
 
 def _split_arguments(args: tuple, kwargs: dict) -> tuple[list[Any], list[tuple[str, Any]], dict[str, int]]:
-  """Tensor inputs (by position), other arguments (which must not change), and bound Variables' values by name."""
+  """Tensor inputs (by position; those inside lists, tuples and dicts too), other arguments (which must not change;
+  with their tensors as placeholders), and bound Variables' values by name."""
   values = [(f"argument {i}", a) for i, a in enumerate(args)] + [(f"keyword {k}", v) for k, v in sorted(kwargs.items())]
-  tensors = [v for _, v in values if isinstance(v, Tensor)]
-  others = [(label, v) for label, v in values if not isinstance(v, Tensor) and not _is_bound_variable(v)]
+  tensors = [t for _, v in values for t in _tensors_in(v)]
+  others = [(label, _without_tensors(v)) for label, v in values if not isinstance(v, Tensor) and
+            not _is_bound_variable(v)]
   bound = {v.src[0].arg[0]: v.src[1].arg for _, v in values if _is_bound_variable(v)}
   return tensors, others, bound
 
@@ -51,6 +53,18 @@ def _tensors_in(value: Any) -> list[Any]:
   return []
 
 
+_A_TENSOR = "<a tensor input>"
+
+
+def _without_tensors(value: Any) -> Any:
+  """An argument with each tensor in it replaced by a placeholder: what must be the same on every call."""
+  if isinstance(value, Tensor): return _A_TENSOR
+  if isinstance(value, list): return [_without_tensors(item) for item in value]
+  if isinstance(value, tuple): return tuple(_without_tensors(item) for item in value)
+  if isinstance(value, dict): return {key: _without_tensors(item) for key, item in value.items()}
+  return value
+
+
 def _buffer_of(tensor: Any) -> Buffer:
   base = buffer_base(tensor.uop)
   if base is None: raise JitError(f"a jit input or output of shape {tensor.shape} is not a plain buffer after realize")
@@ -58,8 +72,9 @@ def _buffer_of(tensor: Any) -> Buffer:
 
 
 class jit:
-  """Decorator: `@jit def step(x, y): ...`. Tensor arguments are inputs (matched by position); returned tensors
-  are outputs, realized before the function returns and backed by the same buffers on every replay."""
+  """Decorator: `@jit def step(x, y): ...`. Tensor arguments (also inside lists, tuples and dicts) are inputs
+  (matched by position); returned tensors are outputs, realized before the function returns and backed by the same
+  buffers on every replay (an output passed back in is copied first). A new manual_seed captures again."""
 
   def __init__(self, function: Callable[..., Any]):
     self.function = function
@@ -69,7 +84,9 @@ class jit:
     self.non_tensor_arguments: list[tuple[str, Any]] = []
     self.input_slots: list[list[tuple[int, int]]] = []   # per input: (item, buffer position) that read it
     self.result: Any = None
+    self.output_buffers: list[Buffer] = []   # the buffers the outputs are bound to on every replay
     self.draws = (0, 0)  # the generator's draw number when the capture began, and how many draws it made
+    self.seed = 0        # the generator's seed when the capture began
     self.captured_draws: dict[tuple[int, UOp], int] = {}  # (item, variable): the draw number it had at the capture
     self.checks: list[DeferredCheck] = []   # the index checks the capture computes: read after every replay
     self.graph: CommandGraph | None = None
@@ -87,6 +104,8 @@ class jit:
     if tensors: Tensor.realize(*tensors)
     self.calls += 1
     if self.calls == 1: return self._run_and_realize(args, kwargs)
+    # the capture's kernels hold the seed as a constant (the draw number is a parameter): a new seed captures again
+    if self.calls > 2 and self.draws[1] and random_seed() != self.seed: self.calls = 2
     if self.calls == 2: return self._capture(args, kwargs, tensors, others)
     return self._replay(tensors, others, bound)
 
@@ -101,6 +120,7 @@ class jit:
       raise JitError(f"jit {self.function.__name__}: the same buffer is passed as two inputs; replay could not "
                      "swap them independently")
     checks_before = computed_count()
+    self.seed, self.graph = random_seed(), None
     capture = start_capture()
     first_draw = random_draws()
     try:
@@ -114,7 +134,7 @@ class jit:
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
     if aliased: raise JitError(f"jit {self.function.__name__}: output aliases input {aliased[0]}")
     protected = _tensor_buffers() | {id(b) for b in input_buffers + outputs}
-    self.items, self.result = replan_temporaries(capture.items, protected), result
+    self.items, self.result, self.output_buffers = replan_temporaries(capture.items, protected), result, outputs
     self.captured_draws = {(index, variable): value for index, item in enumerate(self.items)
                            for variable, value in getattr(item, "var_values", {}).items()
                            if is_random_draw(variable)}
@@ -160,6 +180,9 @@ class jit:
         self.graph.patch_variable(index, variable, value)
     for tensor, slots in zip(tensors, self.input_slots):
       buffer = _buffer_of(tensor).ensure_allocated()
+      if any(buffer is output for output in self.output_buffers):
+        # an earlier call's output passed back in (x = step(x)): the replay would overwrite it while reading it
+        buffer = _buffer_of(tensor.clone().realize())
       for index, position in slots:
         if not hasattr(self.items[index], "dest"): self.items[index].buffers[position] = buffer
         self.graph.patch_buffer(index, position, buffer)

@@ -231,3 +231,42 @@ def test_replayed_inputs_free_their_memory_when_they_go() -> None:
       del x
   finally:
     gc.enable()
+
+
+def test_an_output_passed_back_in_is_read_before_it_is_overwritten() -> None:
+  """x = step(x): from the third call the input is the buffer the replay writes its output into. A kernel reading
+  across elements (a transpose, a sum) read values it had already overwritten: wrong from the third call, silently."""
+  @jit
+  def step(x: Tensor) -> Tensor:
+    return x.T + x.sum()
+  x, expected = Tensor(np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)), np.array([[1.0, 2.0], [3.0, 4.0]])
+  for _ in range(5):
+    x, expected = step(x), expected.T + expected.sum()
+    np.testing.assert_allclose(x.numpy(), expected, rtol=1e-6)
+
+
+def test_a_new_seed_between_replays_draws_what_an_eager_call_draws() -> None:
+  """The captured kernels held the seed as a constant: after manual_seed(3) a replay still drew seed 2's numbers."""
+  @jit
+  def noisy(x: Tensor) -> Tensor:
+    return x + Tensor.rand(3)
+
+  def eager(seed: int) -> list:
+    Tensor.manual_seed(seed)
+    return (Tensor.zeros(3) + Tensor.rand(3)).tolist()
+  for seed in (1, 2, 3, 1, 1, 5):
+    Tensor.manual_seed(seed)
+    assert noisy(Tensor.zeros(3)).tolist() == eager(seed), f"seed {seed}"
+
+
+def test_tensors_inside_lists_and_dicts_are_inputs() -> None:
+  """They were compared as settings: with one-element truth values they raised 'a non-Tensor argument changed', and
+  before that equal-looking graphs passed, so a replay read the tensors of the capture."""
+  @jit
+  def combine(pair: list, extra: dict, scale: float = 1.0) -> Tensor:
+    return pair[0] * scale + pair[1] + extra["bias"]
+  for step in range(5):
+    got = combine([Tensor([float(step)] * 2), Tensor([1.0, 2.0])], {"bias": Tensor([10.0, 20.0 + step])}, scale=2.0)
+    assert got.tolist() == [2 * step + 11.0, 2 * step + 22.0 + step]
+  with pytest.raises(JitError, match="captured with 3 tensor inputs, called with 2"):
+    combine([Tensor([1.0, 1.0])], {"bias": Tensor([1.0, 1.0])}, scale=2.0)

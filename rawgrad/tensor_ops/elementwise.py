@@ -87,16 +87,21 @@ class ElementwiseOps(TensorBase):
 
   def add(self, other: Any, reverse: bool = False, *, alpha: Any = 1) -> Tensor:
     """self + alpha * other (`reverse` swaps the operands, for __radd__); for bools a logical or, as PyTorch."""
+    if _number_with_half(self, other):
+      return self.cast(dtypes.float32).add(other, reverse, alpha=alpha).cast(self.dtype)
     x, y = self._broadcasted(_scaled(other, alpha), reverse)
     return _alu(x, Ops.OR if x.dtype == dtypes.bool else Ops.ADD, y)
 
   def sub(self, other: Any, reverse: bool = False, *, alpha: Any = 1) -> Tensor:
     """self - alpha * other (`reverse` swaps the operands before scaling, for __rsub__)."""
+    if _number_with_half(self, other):
+      return self.cast(dtypes.float32).sub(other, reverse, alpha=alpha).cast(self.dtype)
     x, y = self._broadcasted(other, reverse)
     if x.dtype == dtypes.bool: raise TypeError("subtraction of bool tensors is not supported; use logical_xor()")
     return _alu(x, Ops.ADD, -_scaled(y, alpha))
 
   def mul(self, other: Any, reverse: bool = False) -> Tensor:
+    if _number_with_half(self, other): return self.cast(dtypes.float32).mul(other, reverse).cast(self.dtype)
     x, y = self._broadcasted(other, reverse)
     return _alu(x, Ops.MUL, y)
 
@@ -108,6 +113,8 @@ class ElementwiseOps(TensorBase):
     if rounding_mode is None and not dtypes.is_float(self.dtype) and not isinstance(other, type(self)):
       # a Python number would take the integer dtype first (-3 as a uint8 is 253): the tensor becomes float first
       return self.cast(dtypes.default_float).div(other, reverse)
+    if rounding_mode is None and _number_with_half(self, other):
+      return self.cast(dtypes.float32).div(other, reverse).cast(self.dtype)
     x, y = self._broadcasted(other, reverse)
     if rounding_mode == "floor": return _floor_divide(x, y)
     if rounding_mode == "trunc": return _truncating_divide(x, y)
@@ -477,6 +484,13 @@ def _binary_float_function(x: Tensor, other: Any, compute: Callable[[Tensor, Ten
   x, y = _as_float(x), _as_float(y)
   working = _working_dtype(x.dtype, wide)
   return compute(x.cast(working), y.cast(working)).cast(x.dtype)
+
+
+def _number_with_half(x: Tensor, other: Any) -> bool:
+  """A float16 or bfloat16 tensor with a Python number: PyTorch computes in float32 and rounds once, where the number
+  in the tensor's dtype would already be inf or 0 (x / 1e5, x * 1e-8)."""
+  return x.dtype in (dtypes.float16, dtypes.bfloat16) and isinstance(other, (int, float)) and \
+    not isinstance(other, bool)
 
 
 def _scaled(value: Any, alpha: Any) -> Any:

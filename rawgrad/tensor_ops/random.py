@@ -12,7 +12,7 @@ from typing import Any
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rangeify import RANDOM_DRAW
 from rawgrad.dtype import DType, dtypes, to_dtype
-from rawgrad.errors import ArgumentError
+from rawgrad.errors import ArgumentError, DTypeError
 from rawgrad.runtime.device import Device
 from rawgrad.tensor_ops.helpers import TensorBase, creation_shape, scalar_uop, shape_arg
 
@@ -27,6 +27,11 @@ class _Generator:
 def random_draws() -> int:
   """How many random tensors were drawn since the last manual_seed (modulo 2**32)."""
   return _Generator.draws
+
+
+def random_seed() -> int:
+  """The seed of the last manual_seed (0 before any)."""
+  return _Generator.seed
 
 
 def advance_draws(count: int) -> None:
@@ -67,6 +72,8 @@ class RandomOps(TensorBase):
     dtype = _float_dtype(dtype)
     unit, = cls._random_units(creation_shape(shape, dtype, device), device, words=1)
     result = unit.cast(dtype)
+    # a float32 just below 1 rounds to 1 in a narrower float: keep [0, 1) (the largest value below 1 instead)
+    if dtype.itemsize < 4: result = result.minimum(1 - 2.0 ** -(dtypes.finfo(dtype)[1] + 1))
     result.requires_grad = requires_grad
     return result
 
@@ -103,8 +110,11 @@ class RandomOps(TensorBase):
     dtype = to_dtype(dtype)
     shape = creation_shape(shape, dtype, device)
     span = high - low
+    # 48 random bits from the two words (one word's 24 reached only 2**24 of a span of 2**30: multiples of 64)
+    high_bits, low_bits = cls._random_units(shape, device)
+    unit = high_bits.cast(dtypes.float64) + low_bits.cast(dtypes.float64) * 2.0 ** -24
     # the product is non-negative, so truncating to an integer is the floor
-    result = ((cls.rand(*shape, dtype=dtypes.float64, device=device) * span).cast(dtypes.int64) + low).cast(dtype)
+    result = ((unit * span).cast(dtypes.int64) + low).cast(dtype)
     result.requires_grad = requires_grad
     return result
 
@@ -136,4 +146,7 @@ class RandomOps(TensorBase):
 
 
 def _float_dtype(dtype: Any) -> DType:
-  return dtypes.default_float if dtype is None else to_dtype(dtype)
+  if dtype is None: return dtypes.default_float
+  if not dtypes.is_float(dtype := to_dtype(dtype)):
+    raise DTypeError(f"random floats need a float dtype, got {dtype!r} (randint draws integers)")
+  return dtype

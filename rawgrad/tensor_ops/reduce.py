@@ -42,7 +42,9 @@ class ReduceOps(TensorBase):
     return (centered * centered).sum(axis, keepdim) / max(count - correction, 0)
 
   def std(self, axis: Axis = None, keepdim: bool = False, correction: int = 1):
-    return self.var(axis, keepdim, correction).sqrt()
+    variance = self.var(axis, keepdim, correction)
+    # d std / d var = 1 / (2 std) is infinite where the values are all equal (0 * inf: nan); PyTorch takes 0 there
+    return with_gradient(variance.sqrt(), (variance,), lambda grad, out, _: ((out > 0).where(grad / (2 * out), 0.0),))
 
   def var_mean(self, axis: Axis = None, keepdim: bool = False, correction: int = 1):
     return self.var(axis, keepdim, correction), self.mean(axis, keepdim)
@@ -86,6 +88,7 @@ class ReduceOps(TensorBase):
     return (-self).argmax(axis, keepdim)
 
   def logsumexp(self, axis: Axis = None, keepdim: bool = False):
+    if not dtypes.is_float(self.dtype): return _float(self, None).logsumexp(axis, keepdim)  # no shift that wraps
     # the shift by the peak cancels exactly, so it takes no part in the gradient
     peak = self.max(axis, keepdim=True).detach()
     # a row of -inf has no finite peak to subtract: shift by 0 there so the result is -inf, not nan
@@ -219,8 +222,12 @@ class ReduceOps(TensorBase):
   def cummax(self, axis: int = 0) -> ValuesIndices:
     if self.ndim == 0 or self.shape[resolve_axis(axis, self.ndim)] == 0:
       return ValuesIndices(self, self.zeros_like(dtypes.int64))  # nothing to scan
+    axis = resolve_axis(axis, self.ndim)
     values = self._running_max(axis)
-    return ValuesIndices(values, self._running_indices(values, resolve_axis(axis, self.ndim)))
+    indices = self._running_indices(values, axis)
+    # the gradient goes where the indices point (PyTorch), not shared among tied elements as a max's would be
+    values = with_gradient(values, (self,), lambda grad, out, x: (x.zeros_like().scatter_add(axis, indices, grad),))
+    return ValuesIndices(values, indices)
 
   def _running_max(self, axis: int):
     lowest = -math.inf if dtypes.is_float(self.dtype) else dtypes.min(self.dtype)

@@ -800,3 +800,20 @@ def test_true_division_of_an_integer_tensor_by_a_python_number_is_float_division
   np.testing.assert_allclose((-3 / Tensor(values)).numpy(), -3 / values, rtol=1e-6)
   np.testing.assert_allclose((Tensor(values.astype(np.int32)) / 2.5).numpy(), values / 2.5, rtol=1e-6)
   assert (Tensor(values) / -3).dtype == dtypes.float32
+
+
+def test_half_precision_with_a_python_number_computes_in_float32() -> None:
+  """As PyTorch: the number in float16 would be inf or 0 first (x / 1e5 gave zeros, x * 1e5 infs). The operations with
+  the tensor first match torch's bits; with the number first, the float32 result rounded once (torch rounds the
+  number to the tensor's dtype there: 1e5 - 60000 in float16 is inf for it)."""
+  torch = pytest.importorskip("torch")
+  values = [60000.0, 1e-3, 1e4, 2.0, -3.5]
+  for ours_dtype, torch_dtype in ((dtypes.float16, torch.float16), (dtypes.bfloat16, torch.bfloat16)):
+    x, t = Tensor(values, dtype=ours_dtype), torch.tensor(values, dtype=torch_dtype)
+    for op in (lambda a: a / 1e5, lambda a: a * 1e5, lambda a: a * 1e-8, lambda a: a + 1e-4, lambda a: a - 7,
+               lambda a: a * 100000):
+      got = op(x)
+      assert got.dtype == ours_dtype
+      np.testing.assert_array_equal(got.cast(dtypes.float32).numpy(), op(t).float().numpy())
+    rounded = torch.tensor(1e5 - x.cast(dtypes.float32).numpy().astype(np.float64), dtype=torch.float32)
+    np.testing.assert_array_equal((1e5 - x).cast(dtypes.float32).numpy(), rounded.to(torch_dtype).float().numpy())

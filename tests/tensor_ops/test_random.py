@@ -63,3 +63,26 @@ def test_a_draw_is_a_small_graph_whose_rounds_codegen_writes_out() -> None:
   # the 20 rounds are one THREEFRY node until codegen: building a draw per call stays cheap
   nodes = Tensor.rand(16).uop.toposort
   assert sum(node.op is Ops.THREEFRY for node in nodes) == 1 and len(nodes) < 40, len(nodes)
+
+
+def test_rand_in_half_precision_stays_below_one() -> None:
+  """A float32 just below 1 rounded to 1 in float16 and bfloat16 (30 and 213 of 100000): (rand * n).int() gave n."""
+  Tensor.manual_seed(0)
+  for dtype in (dtypes.float16, dtypes.bfloat16):
+    values = Tensor.rand(100000, dtype=dtype).cast(dtypes.float32).numpy()
+    assert values.max() < 1.0 and values.min() >= 0.0 and abs(values.mean() - 0.5) < 0.01
+
+
+def test_randint_over_a_wide_range_reaches_every_residue() -> None:
+  """One float32 word has 24 random bits: randint over 2**30 gave multiples of 64 only."""
+  Tensor.manual_seed(0)
+  values = Tensor.randint(100000, low=0, high=2 ** 30, dtype=dtypes.int64).numpy()
+  assert values.min() >= 0 and values.max() < 2 ** 30 and np.unique(values % 64).size == 64
+  assert abs(values.mean() / 2 ** 30 - 0.5) < 0.01
+
+
+def test_random_floats_refuse_an_integer_dtype() -> None:
+  """They returned zeros (torch raises)."""
+  from rawgrad.errors import DTypeError
+  with pytest.raises(DTypeError, match="float dtype"): Tensor.rand(3, dtype=dtypes.int32)
+  with pytest.raises(DTypeError, match="float dtype"): Tensor.zeros(3, dtype=dtypes.int32).randn_like()

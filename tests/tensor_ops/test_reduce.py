@@ -220,3 +220,28 @@ def test_long_cummax_goes_block_by_block(size: int) -> None:
   expected = size - 1 - np.argmax(hits[:, :, ::-1], axis=2)
   np.testing.assert_array_equal(indices.numpy(), expected)
   np.testing.assert_array_equal(Tensor(x).cummin(1).values.numpy(), np.minimum.accumulate(x, 1))
+
+
+def test_logsumexp_of_integers_and_bools_is_computed_in_float() -> None:
+  """The peak was subtracted in the integer dtype, which wrapped (uint8 [3, 1, 200]: 259.1); bools raised."""
+  np.testing.assert_allclose(Tensor(np.array([3, 1, 200], np.uint8)).logsumexp(0).item(), 200.0, rtol=1e-6)
+  np.testing.assert_allclose(Tensor(np.array([-128, 127], np.int8)).logsumexp(0).item(), 127.0, rtol=1e-6)
+  np.testing.assert_allclose(Tensor([True, False]).logsumexp(0).item(), np.log(np.e + 1), rtol=1e-6)
+
+
+def test_the_gradient_of_std_over_equal_values_is_zero() -> None:
+  """As PyTorch: d std / d var is infinite there, and 0 * inf made every gradient nan."""
+  x = Tensor(np.array([[2.0, 2.0, 2.0], [1.0, 2.0, 4.0]], np.float32), requires_grad=True)
+  x.std(1).sum().backward()
+  row = np.array([1.0, 2.0, 4.0])
+  expected = (row - row.mean()) / (2 * row.std(ddof=1))   # d/dx of sqrt(sum((x - mean)^2) / 2)
+  np.testing.assert_allclose(x.grad.numpy(), [[0.0, 0.0, 0.0], expected], rtol=1e-5, atol=1e-7)
+
+
+def test_the_gradient_of_cummax_goes_where_its_indices_point() -> None:
+  """As PyTorch: a tied running maximum's gradient went in equal shares to every tied element."""
+  x = Tensor(np.array([[1.0, 3.0, 2.0, 3.0], [5.0, 5.0, 1.0, 7.0]], np.float32), requires_grad=True)
+  values, indices = x.cummax(1)
+  (values * Tensor(np.array([[1.0, 2.0, 3.0, 4.0]] * 2, np.float32))).sum().backward()
+  assert indices.tolist() == [[0, 1, 1, 3], [0, 1, 1, 3]]   # the latest of tied elements, as torch
+  np.testing.assert_array_equal(x.grad.numpy(), [[1.0, 5.0, 0.0, 4.0], [1.0, 5.0, 0.0, 4.0]])   # torch's
