@@ -306,6 +306,4 @@ def bfloat16_bits(values: np.ndarray) -> np.ndarray:
 
 
 def _round_bfloat16(value: float) -> float:
-  bits = struct.unpack("<I", struct.pack("<f", truncate(value, dtypes.float32)))[0]
-  rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000  # round to nearest, ties to even
-  return struct.unpack("<f", struct.pack("<I", rounded & 0xFFFFFFFF))[0]
+  return float((bfloat16_bits(np.array([value])).astype(np.uint32) << 16).view(np.float32)[0])

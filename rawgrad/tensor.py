@@ -157,15 +157,12 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   # *** one element as a Python value (each reads the device), as PyTorch's ***
 
-  def _one_value(self, what: str) -> Any:
-    if self.numel() != 1:
-      raise ShapeError(f"{what} of a tensor needs one element, got shape {self.shape} (use .any() or .all() for "
-                       "truth values)" if what == "the truth value" else
-                       f"{what} of a tensor needs one element, got shape {self.shape}")
+  def _one_value(self, what: str, hint: str = "") -> Any:
+    if self.numel() != 1: raise ShapeError(f"{what} of a tensor needs one element, got shape {self.shape}{hint}")
     return self.item()
 
   def __bool__(self) -> bool:
-    return bool(self._one_value("the truth value"))
+    return bool(self._one_value("the truth value", " (use .any() or .all() for truth values)"))
 
   def __float__(self) -> float:
     return float(self._one_value("float()"))
@@ -272,13 +269,17 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
 
   def assign(self, value: Any) -> Tensor:
     """Write `value` into this tensor's buffer in place (when realized); returns self."""
-    value = value if isinstance(value, Tensor) else Tensor(value, self.device, self.dtype)
-    if value.device != self.device:
-      raise RuntimeError(f"cannot assign a tensor on {value.device} into one on {self.device}")
-    value = value.cast(self.dtype)._broadcast_to(self.shape) if value.shape != self.shape else value.cast(self.dtype)
+    value = self._written_value(value, self.shape)
     if not is_buffer_view(self.uop): self.realize()
     _set_graph(self, UOp(Ops.ASSIGN, self.dtype, (self.uop, value.uop)))
     return self
+
+  def _written_value(self, value: Any, shape: tuple) -> Tensor:
+    """`value` to be written into this tensor: on its device, in its dtype, broadcast to `shape`."""
+    value = value if isinstance(value, Tensor) else Tensor(value, self.device, self.dtype)
+    if value.device != self.device:
+      raise RuntimeError(f"cannot assign a tensor on {value.device} into one on {self.device}")
+    return value.cast(self.dtype)._broadcast_to(shape)
 
   def to(self, device: str) -> Tensor:
     """This tensor on another device (the same tensor when it is there already); the copy runs when realized."""
@@ -605,10 +606,7 @@ class Tensor(ElementwiseOps, ShapeOps, ReduceOps, NNOps, RandomOps):
       self[index].assign(value).realize()
       return
     positions = Tensor.arange(self.numel(), device=self.device).reshape(self.shape)[index]
-    values = value if isinstance(value, Tensor) else Tensor(value, self.device, self.dtype)
-    if values.device != self.device:
-      raise RuntimeError(f"cannot assign a tensor on {values.device} into one on {self.device}")
-    values = values.cast(self.dtype)._broadcast_to(positions.shape)
+    values = self._written_value(value, positions.shape)
     flat = self.reshape(-1).scatter(0, positions.reshape(-1), values.reshape(-1))
     self.assign(flat.reshape(self.shape)).realize()
 

@@ -84,8 +84,7 @@ class jit:
     self.non_tensor_arguments: list[tuple[str, Any]] = []
     self.input_slots: list[list[tuple[int, int]]] = []   # per input: (item, buffer position) that read it
     self.result: Any = None
-    self.output_buffers: list[Buffer] = []   # the buffers the outputs are bound to on every replay
-    self.output_ids: set[int] = set()
+    self.output_buffers: dict[int, Buffer] = {}   # by id: the buffers the outputs are bound to on every replay
     self.draws = (0, 0)  # the generator's draw number when the capture began, and how many draws it made
     self.seed = 0        # the generator's seed when the capture began
     self.captured_draws: dict[tuple[int, UOp], int] = {}  # (item, variable): the draw number it had at the capture
@@ -135,8 +134,8 @@ class jit:
     aliased = [i for i, b in enumerate(input_buffers) if any(b is o for o in outputs)]
     if aliased: raise JitError(f"jit {self.function.__name__}: output aliases input {aliased[0]}")
     protected = _tensor_buffers() | {id(b) for b in input_buffers + outputs}
-    self.items, self.result, self.output_buffers = replan_temporaries(capture.items, protected), result, outputs
-    self.output_ids = {id(buffer) for buffer in outputs}   # the buffers stay alive in output_buffers
+    self.items, self.result = replan_temporaries(capture.items, protected), result
+    self.output_buffers = {id(buffer): buffer for buffer in outputs}
     self.captured_draws = {(index, variable): value for index, item in enumerate(self.items)
                            for variable, value in getattr(item, "var_values", {}).items()
                            if is_random_draw(variable)}
@@ -182,7 +181,7 @@ class jit:
         self.graph.patch_variable(index, variable, value)
     for tensor, slots in zip(tensors, self.input_slots):
       buffer = _buffer_of(tensor).ensure_allocated()
-      if id(buffer) in self.output_ids:
+      if id(buffer) in self.output_buffers:
         # an earlier call's output passed back in (x = step(x)): the replay would overwrite it while reading it
         buffer = _buffer_of(tensor.clone().realize())
       for index, position in slots:

@@ -395,7 +395,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     shape = tuple(shape)
     if any(isinstance(s, int) and s < 0 for s in shape): raise ShapeError(f"reshape to negative size {shape}")
     old = _require_shape(self, "reshape")
-    if _all_int(old) and _all_int(shape) and _product(old) != _product(shape):
+    if all_int(old) and all_int(shape) and _product(old) != _product(shape):
       raise ShapeError(f"cannot reshape {old} ({_product(old)} elements) to {shape} ({_product(shape)} elements)")
     if shape == old: return self
     return UOp(Ops.RESHAPE, self.dtype, (self, *map(as_index, shape)))
@@ -428,7 +428,7 @@ class UOp(MathMixin, metaclass=UOpMetaClass):
     if len(bounds) != len(old) or any(len(b) != 2 for b in bounds):
       raise ShapeError(f"shrink needs one (begin, end) pair per axis of {old}, got {bounds}")
     for (begin, end), size in zip(bounds, old):
-      if _all_int((begin, end, size)) and not 0 <= begin <= end <= size:
+      if all_int((begin, end, size)) and not 0 <= begin <= end <= size:
         raise ShapeError(f"shrink bounds {bounds} do not fit in shape {old}")
     if all(_equal_size(b[0], 0) and _equal_size(b[1], s) for b, s in zip(bounds, old)): return self
     return UOp(Ops.SHRINK, self.dtype, (self, *(as_index(b[0]) for b in bounds), *(as_index(b[1]) for b in bounds)))
@@ -505,7 +505,7 @@ def to_sint(node: UOp) -> Any:
   return node.arg if node.op is Ops.CONST else node
 
 
-def _all_int(values: tuple) -> bool:
+def all_int(values: tuple) -> bool:
   return all(isinstance(v, int) for v in values)
 
 

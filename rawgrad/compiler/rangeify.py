@@ -16,7 +16,7 @@ from typing import Callable, Iterator
 
 from rawgrad.compiler.codegen.gates import clauses
 from rawgrad.compiler.codegen.opt.kernel import ACCUMULATE, LOOP, renumber, stride as stride_along
-from rawgrad.compiler.ir import GroupOp, Ops, UOp, as_index, origins
+from rawgrad.compiler.ir import GroupOp, Ops, UOp, all_int, as_index, origins
 from rawgrad.compiler.rewrite import PatternMatcher, UPat, graph_rewrite, substitute
 from rawgrad.compiler.spec import verify_kernel, verify_tensor_graph
 from rawgrad.compiler.symbolic import simplify
@@ -95,7 +95,7 @@ SPLIT_REDUCE_MIN_ELEMENTS = 1 << 22
 def _split_reduce(node: UOp) -> UOp | None:
   """REDUCE_AXIS over few outputs on a GPU as a sum of partial sums (see SPLIT_REDUCE_BLOCKS)."""
   source, (op, axes) = node.src[0], node.arg
-  if _kind(node.device) not in GPU_DEVICES or not _all_ints(source.shape): return None
+  if _kind(node.device) not in GPU_DEVICES or not all_int(source.shape): return None
   outputs, length = prod(node.shape), prod(source.shape[a] for a in axes)
   if outputs == 0 or outputs >= SPLIT_REDUCE_BLOCKS or outputs * length < SPLIT_REDUCE_MIN_ELEMENTS: return None
   wanted = (SPLIT_REDUCE_BLOCKS // outputs - 1).bit_length()   # log2 of the partials per output that fill the blocks
@@ -106,17 +106,9 @@ def _split_reduce(node: UOp) -> UOp | None:
   axis = next(a for a in sorted(axes) if source.shape[a] % split == 0)
   shape = source.shape
   chunks = source.reshape(shape[:axis] + (split, shape[axis] // split) + shape[axis + 1:])
-  inner = tuple(sorted(a + (a > axis) for a in axes if a != axis)) + (axis + 1,)
-  partials = UOp(Ops.CONTIGUOUS, node.dtype, (UOp(Ops.REDUCE_AXIS, node.dtype, (chunks,), (op, tuple(sorted(inner)))),))
+  inner = tuple(sorted([a + (a > axis) for a in axes if a != axis] + [axis + 1]))
+  partials = UOp(Ops.CONTIGUOUS, node.dtype, (UOp(Ops.REDUCE_AXIS, node.dtype, (chunks,), (op, inner)),))
   return UOp(Ops.REDUCE_AXIS, node.dtype, (partials,), (op, (axis,))).reshape(node.shape)
-
-
-def _devices(sink: UOp) -> set[str]:
-  return {node.arg for node in sink.toposort if node.op is Ops.DEVICE}
-
-
-def _all_ints(shape: tuple) -> bool:
-  return all(isinstance(size, int) for size in shape)
 
 
 pm_split_reduce = PatternMatcher([(UPat(Ops.REDUCE_AXIS, name="node"), _split_reduce)])
@@ -816,8 +808,11 @@ def create_schedule(outputs: list[UOp], on_kernel: Callable[[ScheduleItem], None
   called with each kernel as soon as it is built (in build order), so a caller can start compiling it. A kernel
   may take any number of buffers: past its target's argument limit, codegen passes them in an argument table."""
   sink = read_contiguous_copies(graph_rewrite(UOp.sink(*outputs), pm_cleanup, name="pm_cleanup"))
-  if any(_kind(device) in GPU_DEVICES for device in _devices(sink)):
-    sink = graph_rewrite(sink, pm_split_reduce, name="pm_split_reduce")
+  # (the walk for the devices is the one the scheduler caches next; a rewritten sink drops it: it would hold the sink)
+  if any(node.op is Ops.DEVICE and _kind(node.arg) in GPU_DEVICES for node in sink.toposort):
+    if (split := graph_rewrite(sink, pm_split_reduce, name="pm_split_reduce")) is not sink:
+      sink.__dict__.pop("toposort", None)
+      sink = split
   if SPEC: verify_tensor_graph(sink)
   cleaned = dict(zip(outputs, sink.src))
   required = mark_realizes(sink)

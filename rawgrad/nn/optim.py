@@ -93,16 +93,11 @@ class Optimizer:
     """What a captured step depends on besides the values in its buffers: the buffers of the parameters and the
     state, the gradients' shapes, the settings; None while a parameter or state tensor has pending work (its update
     must be scheduled with the step). The gradients and `buffers` are the replay's inputs, realized before it."""
-    tensors, settings = [], []
-    for name, value in vars(self).items():
-      if name == "buffers": continue
-      if isinstance(value, Tensor): tensors.append(value)
-      elif isinstance(value, list) and value and isinstance(value[0], Tensor): tensors.extend(value)
-      elif _is_setting(value): settings.append((name, value))
-    buffers = tuple(buffer_base(t.uop) for t in tensors)
+    buffers = tuple(buffer_base(t.uop) for t in self._written())
     if None in buffers: return None
+    settings = tuple((name, value) for name, value in vars(self).items() if name != "buffers" and _is_setting(value))
     grads = tuple(None if p.grad is None else (p.grad.shape, p.grad.dtype, p.grad.device) for p in self.params)
-    return buffers, grads, tuple(settings)
+    return buffers, grads, settings
 
   def schedule_step(self) -> list[Tensor]:
     """Assign the updated values into the parameters and the optimizer state (lazily); return every tensor that
