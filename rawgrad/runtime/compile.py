@@ -51,7 +51,7 @@ class LLVMCompiler:
     # data through GOT slots. 'static' would emit absolute R_X86_64_32S, which need an image in the low 2GB, and
     # 'large' would turn every address into a 64-bit immediate.
     self._tm = cpu_target_machine(self.triple, self.cpu, self.features)
-    self.cache_key = "|".join(("LLVMCompiler(O3,pic,small)", f"llvmlite {llvmlite.__version__}",
+    self.cache_key = "|".join(("LLVMCompiler(O3,noslp,pic,small)", f"llvmlite {llvmlite.__version__}",
                                f"LLVM {llvm_version()}", self.triple, self.cpu, self.features))
 
   def compile(self, src: str) -> bytes:
@@ -70,7 +70,7 @@ class LLVMCompiler:
     """The optimized machine code as assembly text, to see what LLVM made of src; LLVM's comments mark the loops
     (`Inner Loop Header: Depth=3`) and the registers it spilled (`32-byte Spill`, `32-byte Reload`)."""
     self._tm.set_asm_verbosity(True)
-    return self._tm.emit_assembly(optimized_module(self._tm, src, slp_vectorization=True))
+    return self._tm.emit_assembly(optimized_module(self._tm, src))
 
 
 # *** worker processes

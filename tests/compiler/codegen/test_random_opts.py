@@ -122,10 +122,10 @@ def test_the_sequences_apply_opts() -> None:
   assert applied > len(candidates) // 3, (applied, len(candidates))
 
 
-def test_a_kernel_llvm_aborts_on_compiles_without_the_slp_vectorizer() -> None:
-  """Found by the sequences above: with these opts llvmlite 0.50's LLVM fails an assertion in its SelectionDAG
-  after SLP vectorization, killing the compile worker with SIGABRT. The worker pool compiles it again without SLP.
-  Compiled here past the disk cache, which may hold the object from an earlier run."""
+def test_a_kernel_llvm_aborted_on_after_slp_vectorization_compiles() -> None:
+  """Found by the sequences above: with these opts llvmlite 0.50's LLVM failed an assertion in its SelectionDAG
+  after SLP vectorization, killing the compile worker with SIGABRT (the SLP vectorizer is off now). Compiled here past
+  the disk cache, which may hold the object from an earlier run."""
   tensor, expected = matmul()
   item = last_kernel(tensor)
   opts = [Opt(OptOps.TILE, 2, 4), Opt(OptOps.UNROLL, 1, 3), Opt(OptOps.UNROLL, 0, 3), Opt(OptOps.UNROLL, 2, 2),
