@@ -123,12 +123,14 @@ class _Expander:
     # touched: the subtree holds an expanded range somewhere; free: the expanded ranges its value depends on
     self.touched: dict[UOp, bool] = {}
     self.free: dict[UOp, frozenset[UOp]] = {}
+    self.free_unrolls: dict[UOp, tuple[UOp, ...]] = {}  # the unroll ranges among them, in order
     for node in ast.toposort:
       free = frozenset().union(*(self.free[s] for s in node.src)) if node.src else frozenset()
       if node in expanded: free |= {node}
       if node.op is Ops.REDUCE: free -= set(node.src[1:])
       if is_staging(node): free = frozenset()  # a staged local buffer holds every copy and lane
       self.free[node] = free
+      self.free_unrolls[node] = tuple(r for r in self.unrolls if r in free) if free else ()
       self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
     self.cache: dict[tuple, UOp] = {}
 
@@ -143,13 +145,13 @@ class _Expander:
     return gep(node, (lane,)) if node.dtype.count > 1 else node
 
   def env_key(self, node: UOp, env: dict[UOp, int]) -> tuple:
-    return (node, tuple(env[r] for r in self.unrolls if r in self.free[node]))
+    return (node, tuple([env[r] for r in self.free_unrolls[node]]))
 
   def concrete(self, expr: UOp, env: dict[UOp, int]) -> UOp:
     """An index or gate expression with the unroll ranges set to their values for this copy, simplified."""
     key = ("concrete",) + self.env_key(expr, env)
     if key not in self.cache:
-      mapping = {r: UOp.const(dtypes.index, env[r]) for r in self.unrolls if r in self.free[expr]}
+      mapping = {r: UOp.const(dtypes.index, env[r]) for r in self.free_unrolls[expr]}
       self.cache[key] = simplify(substitute(expr, mapping)) if mapping else expr
     return self.cache[key]
 
