@@ -12,7 +12,7 @@ import re
 import struct
 
 from rawgrad.compiler.codegen.linearize import argument_table, kernel_parameters
-from rawgrad.compiler.ir import Ops, UOp
+from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.program_text import program_comment
 from rawgrad.compiler.target import Target
 from rawgrad.dtype import DType, PtrDType, dtypes
@@ -276,11 +276,31 @@ class _FunctionWriter:
     op = node.op
     if op is Ops.SPECIAL and self.gpu: return self.op_special(node)
     if op in (Ops.DEFINE_GLOBAL, Ops.DEFINE_SCRATCH, Ops.DEFINE_VAR, Ops.CONST, Ops.SINK, Ops.SPECIAL): return
+    if not self.gpu and node.dtype.scalar == dtypes.bfloat16 and op in GroupOp.ALU and op is not Ops.WHERE:
+      return self.bfloat16_math(node)
     handler = getattr(self, f"op_{op.name.lower()}", None)
     if handler is not None: handler(node)
     elif op in _BINARY or op in (Ops.MAX, Ops.CMPLT, Ops.CMPNE): self.binary(node)
     elif op in _UNARY_INTRINSICS: self.unary_intrinsic(node)
     else: raise NotImplementedError(f"LLVM renderer has no rule for {op}")
+
+  def bfloat16_math(self, node: UOp) -> None:
+    """bfloat16 arithmetic on a CPU, written out as LLVM would do it, in float32 rounded once, but rounded here
+    (round_to_bfloat16): LLVM's own rounding is a library call or an instruction that flushes denormals."""
+    self.counter += 1
+    widened = []
+    for source in node.src:
+      if source.dtype.scalar != dtypes.bfloat16:
+        widened.append(source)
+        continue
+      # a node of its own (the tag), named by the widening emitted here: an equal node elsewhere in the program may
+      # be inside a loop this instruction is not
+      single = UOp(Ops.CAST, dtypes.float32.vec(source.dtype.count), (source,), tag=("bfloat16 math", self.counter))
+      self.names[single] = self.widen_bfloat16(self.value(source), source.dtype.count)
+      widened.append(single)
+    wide = UOp(node.op, dtypes.float32.vec(node.dtype.count), tuple(widened), node.arg, ("bfloat16 math", self.counter))
+    self.instruction(wide)
+    self.define(node, self.round_to_bfloat16(self.value(wide), wide.dtype))
 
   def define(self, node: UOp, text: str, hint: str = "v") -> str:
     name = self.fresh(hint)
@@ -572,6 +592,11 @@ class _FunctionWriter:
 
   def op_cast(self, node: UOp) -> None:
     source, value = node.src[0].dtype, self.value(node.src[0])
+    if source.scalar == dtypes.bfloat16 and not self.gpu and node.dtype.scalar != dtypes.bool:
+      source, value = dtypes.float32.vec(source.count), self.widen_bfloat16(value, source.count)
+      if node.dtype.scalar == dtypes.float32:
+        self.names[node] = value
+        return
     if {source.scalar, node.dtype.scalar} == {dtypes.float16, dtypes.bfloat16}:
       # no instruction converts between the two 16-bit formats; float holds both exactly
       widened = self.fresh()
@@ -585,7 +610,46 @@ class _FunctionWriter:
       wide = dtypes.float32.vec(source.count)
       self.emit(f"{single} = fptrunc {llvm_type(source)} {value} to {llvm_type(wide)}")
       source, value = wide, single
+    if node.dtype.scalar == dtypes.bfloat16 and not self.gpu and source.scalar != dtypes.bool:
+      self.define(node, self.round_to_bfloat16(value, source))
+      return
     self.define(node, _cast_text(value, source, node.dtype))
+
+  def widen_bfloat16(self, value: str, count: int) -> str:
+    """bfloat16 -> float32 on a CPU in integer operations: an `fpext` lets LLVM move exact operations (max) to the
+    narrow type, which it then computes through the library call again."""
+    halves, words = dtypes.uint16.vec(count), dtypes.uint32.vec(count)
+    half, word, shifted = self.fresh(), self.fresh(), self.fresh()
+    self.emit(f"{half} = bitcast {llvm_type(dtypes.bfloat16.vec(count))} {value} to {llvm_type(halves)}")
+    self.emit(f"{word} = zext {llvm_type(halves)} {half} to {llvm_type(words)}")
+    self.emit(f"{shifted} = shl {llvm_type(words)} {word}, {llvm_constant(16, words)}")
+    single = self.fresh()
+    self.emit(f"{single} = bitcast {llvm_type(words)} {shifted} to {llvm_type(dtypes.float32.vec(count))}")
+    return single
+
+  def round_to_bfloat16(self, value: str, source: DType) -> str:
+    """A CPU's conversion to bfloat16 in integer operations, as dtypes.bfloat16_bits rounds: through float32, to
+    nearest with ties to even, nan kept nan. LLVM's own `fptrunc` to bfloat calls __truncsfbf2 without AVX-512 BF16
+    (libgcc before 13 lacks it) and with it is VCVTNEPS2BF16, which flushes denormals to 0 (PyTorch keeps them)."""
+    single = dtypes.float32.vec(source.count)
+    if source.scalar != dtypes.float32:
+      widened = self.fresh()
+      self.emit(f"{widened} = {_cast_text(value, source, single)}")
+      value = widened
+    words, t = dtypes.uint32.vec(source.count), llvm_type(dtypes.uint32.vec(source.count))
+    bits, low, odd, bias, rounded, top, quiet, nan, chosen, half = (self.fresh() for _ in range(10))
+    for line in (f"{bits} = bitcast {llvm_type(single)} {value} to {t}",
+                 f"{low} = lshr {t} {bits}, {llvm_constant(16, words)}",
+                 f"{odd} = and {t} {low}, {llvm_constant(1, words)}",
+                 f"{bias} = add {t} {odd}, {llvm_constant(0x7FFF, words)}", f"{rounded} = add {t} {bits}, {bias}",
+                 f"{top} = lshr {t} {rounded}, {llvm_constant(16, words)}",
+                 f"{quiet} = or {t} {low}, {llvm_constant(0x40, words)}",
+                 f"{nan} = fcmp uno {llvm_type(single)} {value}, {value}",
+                 f"{chosen} = select {llvm_type(dtypes.bool.vec(source.count))} {nan}, {t} {quiet}, {t} {top}",
+                 f"{half} = trunc {t} {chosen} to {llvm_type(dtypes.uint16.vec(source.count))}"):
+      self.emit(line)
+    halves = llvm_type(dtypes.uint16.vec(source.count))
+    return f"bitcast {halves} {half} to {llvm_type(dtypes.bfloat16.vec(source.count))}"
 
   def op_bitcast(self, node: UOp) -> None:
     source = node.src[0]
