@@ -133,6 +133,7 @@ class _Expander:
       self.free_unrolls[node] = tuple(r for r in self.unrolls if r in free) if free else ()
       self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
     self.cache: dict[tuple, UOp] = {}
+    self.steps: dict[UOp, tuple[int, ...] | None] = {}
 
   # *** helpers ***
 
@@ -148,12 +149,28 @@ class _Expander:
     return (node, tuple([env[r] for r in self.free_unrolls[node]]))
 
   def concrete(self, expr: UOp, env: dict[UOp, int]) -> UOp:
-    """An index or gate expression with the unroll ranges set to their values for this copy, simplified."""
+    """An index or gate expression with the unroll ranges set to their values for this copy, simplified. An index
+    linear in them is the first copy's plus a constant (simplifying each copy's whole index again was a seventh of
+    the time a kernel took to lower)."""
     key = ("concrete",) + self.env_key(expr, env)
     if key not in self.cache:
-      mapping = {r: UOp.const(dtypes.index, env[r]) for r in self.free_unrolls[expr]}
-      self.cache[key] = simplify(substitute(expr, mapping)) if mapping else expr
+      unrolls = self.free_unrolls[expr]
+      steps = self.unroll_steps(expr) if unrolls and expr.dtype == dtypes.index else None
+      if steps is not None and any(env[r] for r in unrolls):
+        first = self.concrete(expr, {**env, **{r: 0 for r in unrolls}})
+        offset = sum(step * env[r] for step, r in zip(steps, unrolls))
+        self.cache[key] = simplify(first + UOp.const(dtypes.index, offset))
+      else:
+        mapping = {r: UOp.const(dtypes.index, env[r]) for r in unrolls}
+        self.cache[key] = simplify(substitute(expr, mapping)) if mapping else expr
     return self.cache[key]
+
+  def unroll_steps(self, index: UOp) -> tuple[int, ...] | None:
+    """How far the index moves per iteration of each unroll range it depends on; None unless it is linear in all."""
+    if index not in self.steps:
+      steps = tuple(stride(index, r) for r in self.free_unrolls[index])
+      self.steps[index] = None if None in steps else steps
+    return self.steps[index]
 
   def at_lane(self, expr: UOp, lane: int) -> UOp:
     """An index or gate expression for one lane, simplified (the copies of a kernel share many)."""
