@@ -42,7 +42,6 @@ class WorkerFailed(CompileError):
   """A worker died or stopped answering while it compiled; the kernel's IR may be fine."""
 
 
-
 class WorkerUnavailable(Exception):
   """No worker process could be started here (or it runs another llvmlite): compile in this process instead."""
 

@@ -592,11 +592,12 @@ class _FunctionWriter:
 
   def op_cast(self, node: UOp) -> None:
     source, value = node.src[0].dtype, self.value(node.src[0])
-    if source.scalar == dtypes.bfloat16 and not self.gpu and node.dtype.scalar != dtypes.bool:
+    # a CPU converts bfloat16 in integer operations (see widen_bfloat16 and round_to_bfloat16)
+    if not self.gpu and source.scalar == dtypes.bfloat16 and node.dtype.scalar != dtypes.bool:
       source, value = dtypes.float32.vec(source.count), self.widen_bfloat16(value, source.count)
-      if node.dtype.scalar == dtypes.float32:
-        self.names[node] = value
-        return
+    if not self.gpu and node.dtype.scalar == dtypes.bfloat16:
+      self.define(node, self.round_to_bfloat16(value, source))
+      return
     if {source.scalar, node.dtype.scalar} == {dtypes.float16, dtypes.bfloat16}:
       # no instruction converts between the two 16-bit formats; float holds both exactly
       widened = self.fresh()
@@ -610,9 +611,6 @@ class _FunctionWriter:
       wide = dtypes.float32.vec(source.count)
       self.emit(f"{single} = fptrunc {llvm_type(source)} {value} to {llvm_type(wide)}")
       source, value = wide, single
-    if node.dtype.scalar == dtypes.bfloat16 and not self.gpu and source.scalar != dtypes.bool:
-      self.define(node, self.round_to_bfloat16(value, source))
-      return
     self.define(node, _cast_text(value, source, node.dtype))
 
   def widen_bfloat16(self, value: str, count: int) -> str:

@@ -40,7 +40,8 @@ def test_no_lane_is_converted_to_an_integer_alone(target: str) -> None:
 
 def _bfloat16_cast_assembly(target: Target) -> str:
   halves = Tensor.empty(256, dtype="bfloat16")
-  item = create_schedule([((Tensor.empty(256).cast("bfloat16") * 3).maximum(halves) - halves).uop]).items[-1]
+  value = (Tensor.empty(256).cast("bfloat16") * 3).maximum(halves) - halves + (halves > 0).cast("bfloat16")
+  item = create_schedule([value.uop]).items[-1]
   lowered = lower_kernel(item.ast, None, target)
   return LLVMCompiler(target).assembly(LLVMRenderer().render(item.ast.arg, lowered.program))
 
@@ -68,4 +69,5 @@ def test_float_to_bfloat16_values_match_torch_bits() -> None:
   ours = ((halves * 3).maximum(halves - 1e-39) / 7).cast("float32").numpy()
   theirs = ((torch_halves * 3).maximum(torch_halves - 1e-39) / 7).float().numpy()
   np.testing.assert_array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+  np.testing.assert_array_equal((halves > 0).cast("bfloat16").cast("float32").numpy(), values > 0)
   assert np.isnan(Tensor(np.array([np.nan], np.float32)).cast("bfloat16").cast("float32").numpy()).all()

@@ -122,7 +122,7 @@ def test_the_sequences_apply_opts() -> None:
   assert applied > len(candidates) // 3, (applied, len(candidates))
 
 
-def test_a_kernel_llvm_aborted_on_after_slp_vectorization_compiles() -> None:
+def test_a_kernel_llvm_aborted_on_with_slp_vectorization_compiles() -> None:
   """Found by the sequences above: with these opts llvmlite 0.50's LLVM failed an assertion in its SelectionDAG
   after SLP vectorization, killing the compile worker with SIGABRT (the SLP vectorizer is off now). Compiled here past
   the disk cache, which may hold the object from an earlier run."""
