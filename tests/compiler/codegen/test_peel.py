@@ -124,3 +124,15 @@ def test_a_staged_copy_inside_a_peeled_loop_is_made_in_both_nests() -> None:
       open_kinds.append(u.arg[1])
     elif u.op is Ops.END: open_kinds.pop()
   assert copies == 2
+
+
+def test_a_peeled_block_sums_in_its_own_loop() -> None:
+  """Two column blocks of 3 vectors over 5 vectors of columns: the first alone is left beside the peeled second, and
+  each sums in a loop of its own (in one loop they would hold twice the accumulators the block was sized for)."""
+  a, b = rand(8, 37, seed=1), rand(37, 20, seed=2)
+  item = last_kernel(Tensor(a) @ Tensor(b))
+  opts = [Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.UNROLL, 1, 3)]
+  program = lower_kernel(item.ast, opts).program
+  assert [r.src[0].arg for r in program if r.op is Ops.RANGE and r.arg[1] == "reduce"] == [37, 37]
+  for cores in (1, 3):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(8, 20), a @ b, rtol=1e-4, atol=1e-4)
