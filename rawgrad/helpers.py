@@ -79,6 +79,20 @@ def all_same(items: Iterable[Any]) -> bool:
   return all(item == items[0] for item in items)
 
 
+def usable_cores() -> int:
+  """The cores this process may run on."""
+  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def cpu_threads() -> int:
+  """The threads the CPU runtime runs kernels on: CPU_THREADS from the environment, else the usable cores."""
+  if (text := os.environ.get("CPU_THREADS", "")) != "":
+    if not text.isdigit() or int(text) < 1:
+      raise ValueError(f"CPU_THREADS must be a positive integer, not {text!r}")
+    return int(text)
+  return usable_cores()
+
+
 def ceildiv(num: int, amount: int) -> int:
   return -(-num // amount)
 

@@ -11,6 +11,8 @@ import functools
 import os
 from dataclasses import dataclass, field, replace
 
+from rawgrad.helpers import cpu_threads
+
 
 @dataclass(frozen=True)
 class Target:
@@ -31,7 +33,8 @@ class Target:
   warp_size: int = 1               # threads that run in lockstep (1 on the CPU)
   max_threads_per_block: int = 1
   max_grid: tuple[int, int, int] = (1, 1, 1)
-  threads_in_flight: int = 1       # threads the whole chip runs at once (GPUs: SMs/CUs x resident threads each)
+  threads_in_flight: int = 1       # threads the whole chip runs at once (GPUs: SMs/CUs x resident threads each; the
+                                   # CPU: the runtime's threads, one per core)
   kernarg_bytes: int = 1 << 16     # bytes of kernel arguments a launch passes; past them, an argument table
   native_math: frozenset[str] = field(default_factory=frozenset)  # unary ops the target computes itself
 
@@ -129,7 +132,8 @@ def host_target(isa: str | None = None) -> Target:
   target = Target(kind="cpu", arch=machine, triple=llvm.get_process_triple(), cpu=llvm.get_host_cpu_name(),
                   features=flattened, vector_bytes=vector_bytes, vector_registers=registers, fma_units=fma_units,
                   l1_bytes=caches["l1_bytes"], l1_ways=caches["l1_ways"], l2_bytes=caches["l2_bytes"],
-                  kernarg_bytes=8 * general_registers, native_math=frozenset({"sqrt", "trunc", "sin"}))
+                  threads_in_flight=cpu_threads(), kernarg_bytes=8 * general_registers,
+                  native_math=frozenset({"sqrt", "trunc", "sin"}))
   return _argument_limit(target)
 
 

@@ -23,6 +23,7 @@ import llvmlite.binding as llvm
 
 from rawgrad.compiler.program_text import program_from_comments
 from rawgrad.compiler.target import Target, host_target
+from rawgrad.helpers import usable_cores
 from rawgrad.runtime.compile_worker import (CompileError, CompileWorkers, WorkerUnavailable, compile_object,
                                            cpu_target_machine, init_llvm, llvm_version, numbered, optimized_module)
 
@@ -83,7 +84,7 @@ def worker_count() -> int:
   """COMPILE_WORKERS, read when a process's first compile starts them: how many LLVM compiles run at once in
   worker processes; 0 compiles in this process, one at a time. By default one per core this process may use."""
   if (count := os.environ.get("COMPILE_WORKERS", "")) != "": return int(count)
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+  return usable_cores()
 
 
 def compile_workers() -> CompileWorkers | None:

@@ -67,6 +67,7 @@ from typing import Any, Callable, Union
 import numpy as np
 
 from rawgrad.drivers.cpu.program import CPUProgram
+from rawgrad.helpers import cpu_threads
 from rawgrad.runtime.compile import LLVMCompiler, compile_cached
 from rawgrad.runtime.elf import load_elf
 
@@ -1071,15 +1072,6 @@ def _join_thread(handle: int, timeout_s: float) -> bool:
 _UNJOINED: list[Any] = []  # runtimes whose threads did not stop: their memory must outlive them
 
 
-def default_threads() -> int:
-  """CPU_THREADS from the environment, else the cores this process may run on."""
-  if (text := os.environ.get("CPU_THREADS", "")) != "":
-    if not text.isdigit() or int(text) < 1:
-      raise ValueError(f"CPU_THREADS must be a positive integer, not {text!r}")
-    return int(text)
-  return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
 @dataclass
 class _Threads:
   """What the native threads use; kept apart from NativeRuntime so its finalizer holds no reference to it."""
@@ -1115,7 +1107,7 @@ class NativeRuntime:
   """
 
   def __init__(self, threads: int | None = None, spin_us: float = 200.0) -> None:
-    self.threads = default_threads() if threads is None else threads
+    self.threads = cpu_threads() if threads is None else threads
     if self.threads < 1:
       raise ValueError(f"a native runtime needs at least one thread, not {self.threads}")
     code = _native_code()

@@ -16,8 +16,9 @@ import pytest
 from rawgrad.drivers.cpu import CPUProgram
 from rawgrad.runtime.compile import LLVMCompiler
 from rawgrad.runtime.elf import load_elf, relocate
+from rawgrad.helpers import cpu_threads
 from rawgrad.drivers.cpu.native import (
-  RING_ENTRIES, CommandBuffer, NativeRuntime, Op, Signal, aligned_words, default_threads, kernel_args, native_source,
+  RING_ENTRIES, CommandBuffer, NativeRuntime, Op, Signal, aligned_words, kernel_args, native_source,
 )
 
 KERNELS = r"""
@@ -512,7 +513,7 @@ def test_threads_from_environment(monkeypatch: pytest.MonkeyPatch, kernels: dict
   assert task_count() == baseline  # close joined every thread
   monkeypatch.setenv("CPU_THREADS", "zero")
   with pytest.raises(ValueError, match="CPU_THREADS must be a positive integer"):
-    default_threads()
+    cpu_threads()
 
 
 def test_close_gives_up_a_stuck_wait() -> None:

@@ -5,9 +5,10 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from rawgrad import Tensor
-from rawgrad.compiler.codegen.opt.heuristic import STREAM_BYTES, hand_coded_opts
+from rawgrad.compiler.codegen.opt.heuristic import SHARE_SLACK, STREAM_BYTES, _tile_amount, hand_coded_opts
 from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps
 from rawgrad.compiler.ir import UOp
 from rawgrad.compiler.rangeify import create_schedule
@@ -350,3 +351,30 @@ def test_a_transposed_matmul_with_packed_rows_is_blocked_along_k_before_its_tile
   for cores in (1, 2):
     np.testing.assert_allclose(run_item(item, opts, cores, fill=np.nan).reshape(192, 256), x.T @ dy, rtol=1e-4,
                                atol=2e-3)
+
+
+def busiest_share(size: int, amount: int, cores: int) -> int:
+  """Iterations the busiest core runs when each takes whole tiles of `amount`."""
+  tiles = -(-size // amount)
+  return -(-tiles // cores) * amount
+
+
+@pytest.mark.parametrize("size, limit, cores, amount", [
+  (63, 8, 2, 8),    # AVX2's 1000x1000 matmul: 8 tiles, 4 a core (of 7 iterations: 9 tiles, 5 on one core)
+  (128, 4, 2, 4),   # 2048x2048: 32 tiles
+  (64, 8, 16, 5),   # 16 cores: 13 tiles of 5, not 8 of 8 with half the cores idle
+  (63, 8, 1, 7),    # one core: whole tiles
+  (21, 2, 2, 2),    # nothing fairer above half the limit: the largest of the fairest
+])
+def test_tiles_share_out_between_cores(size: int, limit: int, cores: int, amount: int) -> None:
+  assert _tile_amount(size, limit, cores) == amount
+
+
+@given(st.integers(1, 4096), st.integers(1, 64), st.integers(1, 64))
+def test_a_tile_is_fair_or_the_fairest_above_half_the_limit(size: int, limit: int, cores: int) -> None:
+  amount = _tile_amount(size, limit, cores)
+  assert limit // 2 < amount <= limit
+  candidates = range(limit // 2 + 1, limit + 1)
+  fairest = min(busiest_share(size, a, cores) for a in candidates)
+  share = busiest_share(size, amount, cores)
+  assert share <= SHARE_SLACK * size / cores or share == fairest
