@@ -108,7 +108,9 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   if candidates and len(plan.reduce_loops) == 1 and _broadcast_rows(plan) is not None:
     staged = _blocked_tile(plan, stage_bytes, candidates[0][0].buffer, target.threads_in_flight)
   k_blocked = staged is not None
-  if staged is None and candidates: staged = _tile_for_staging(plan, stage_bytes, candidates, target.threads_in_flight)
+  unshared: set[int] = set()  # loads read as they are: their tiles would not share out fairly between the cores
+  if staged is None and candidates:
+    staged = _tile_for_staging(plan, stage_bytes, candidates, target.threads_in_flight, unshared)
   if staged is None and packed:  # a packed load larger than the stage: a tile of its lanes' loop at a time
     loads = [(a, _moving(plan, a)) for a in accesses(plan.ast) if not a.is_store and a.buffer in packed]
     if (staged := _tile_for_staging(plan, stage_bytes, loads, target.threads_in_flight)) is not None:
@@ -116,7 +118,7 @@ def hand_coded_opts(ast: UOp, target: Target | None = None) -> list[Opt]:
   _constant_loop_innermost(plan)
   # with a packed tile, the tile loop (first) runs in parallel: each core packs and uses its own tiles
   _parallelize(plan, work, outermost=staged is not None)
-  if not k_blocked: _block_reduction(plan, stage_bytes, {staged, *packed})
+  if not k_blocked: _block_reduction(plan, stage_bytes, {staged, *packed, *unshared})
   # packed inside the parallel loop (once per core), or inside the loop over a matmul's blocks of K (once per block)
   if staged is not None: plan.apply_local_at((_blocks_loop(plan) or 0) if k_blocked else 0, staged)
   for buffer in packed: plan.apply_local(buffer)
@@ -519,11 +521,12 @@ def _blocks_loop(plan: Planner) -> int | None:
   return next((i for i, r in enumerate(plan.loops) if range_kind(r) == ACCUMULATE), None)
 
 
-def _tile_for_staging(plan: Planner, stage_bytes: int, candidates: list[tuple[Access, list[UOp]]],
-                      cores: int) -> int | None:
+def _tile_for_staging(plan: Planner, stage_bytes: int, candidates: list[tuple[Access, list[UOp]]], cores: int,
+                      unshared: set[int] | None = None) -> int | None:
   """Tile the loop along which a candidate load (with the output loops it moves along) moves so one tile of it fits
-  stage_bytes; the tile loop becomes the outermost, its tiles shared out between the cores. The parameter to stage
-  (None when no load needs packing)."""
+  stage_bytes; the tile loop becomes the outermost, its tiles shared out between the cores. Given `unshared`, only
+  where they share out fairly: the loads whose tiles would not are added to it. The parameter to stage (None when no
+  load needs packing)."""
   for access, moving in candidates:
     if not moving: continue
     tile_bytes = access.itemsize * _expanded_elements(access.index)
@@ -533,22 +536,27 @@ def _tile_for_staging(plan: Planner, stage_bytes: int, candidates: list[tuple[Ac
     size = constant(size_of(target))
     if size is None or size * tile_bytes <= stage_bytes: continue  # all of it fits the cache already
     if (limit := stage_bytes // tile_bytes) < 1: continue
+    if (amount := _tile_amount(size, limit, cores)) is None:
+      if unshared is not None:
+        unshared.add(access.buffer)
+        continue
+      amount = _divisor_at_most(size, limit)
     count = len(plan.opts)
-    plan.apply(OptOps.TILE, target, _tile_amount(size, limit, cores))
+    plan.apply(OptOps.TILE, target, amount)
     if len(plan.opts) > count: return access.buffer
   return None
 
 
-def _tile_amount(size: int, limit: int, cores: int) -> int:
-  """Iterations per tile of a loop of `size` whose tiles the cores share out, each running whole tiles: of the
-  amounts from the limit down to more than half of it, the largest with which the busiest core does at most
-  SHARE_SLACK times an even share (else the fairest), a divisor of size when one is at least half of it (no shorter
-  last tile). AVX2's 1000x1000 matmul, 63 column blocks on 2 cores: 9 tiles of 7 (5 on one core, 4 on the other)
-  198 GFLOPS, 8 tiles of 8 (the last of 7) 209 GFLOPS (numpy 214)."""
+def _tile_amount(size: int, limit: int, cores: int) -> int | None:
+  """Iterations per tile of a loop of `size` whose tiles the cores share out, each running whole tiles: the largest
+  amount up to the limit with which the busiest core does at most SHARE_SLACK times an even share, a divisor of size
+  when one is at least half of it (no shorter last tile); None when none is fair. Matmuls on 2 cores: AVX2's
+  1000x1000, 63 column blocks, 9 tiles of 7 (5 on one core, 4 on the other) 198 GFLOPS, 8 tiles of 8 (the last of 7)
+  209 (numpy 214); its 500x500, 21 blocks, 4 tiles of 6 179, 21 tiles of 1 200 (numpy 210); AVX-512's 1000x1000,
+  21 blocks, 11 tiles of 2 193, 21 of 1 208 (numpy 202)."""
   def busiest(amount: int) -> int: return ceildiv(ceildiv(size, amount), cores) * amount
-  amounts = range(limit, limit // 2, -1)
-  fair = [a for a in amounts if busiest(a) <= SHARE_SLACK * size / cores] or [min(amounts, key=busiest)]
-  return next((a for a in fair if size % a == 0 and 2 * a > fair[0]), fair[0])
+  fair = [a for a in range(limit, 0, -1) if busiest(a) <= SHARE_SLACK * size / cores]
+  return next((a for a in fair if size % a == 0 and 2 * a > fair[0]), fair[0]) if fair else None
 
 
 def _broadcast_rows(plan: Planner) -> Access | None:
@@ -649,9 +657,11 @@ def _parallelize(plan: Planner, work: int | None, outermost: bool) -> None:
   few_outputs = all((constant(size_of(r)) or PARALLEL_MIN_SLICES) < PARALLEL_MIN_SLICES for r in loops)
   if work is not None and not outermost and plan.reduce_loops and few_outputs and _group(plan): return
   if not loops: return
-  # a loop with a shorter last block (peeled off) would leave it to the last slice, on top of its share
-  loops = [r for r in loops if not _has_remainder(plan, r)] or loops
   if not outermost:
+    # a loop with a shorter last block (peeled off) would leave it to the last slice, on top of its share; a packed
+    # tile's loop runs in parallel all the same (a 2000x2000 matmul on AVX-512, 63 column blocks in tiles of 2: over
+    # its tiles 214 GFLOPS, over its rows with B read unpacked 80)
+    loops = [r for r in loops if not _has_remainder(plan, r)] or loops
     loops = [r for r in loops if (constant(size_of(r)) or PARALLEL_MIN_SLICES) >= PARALLEL_MIN_SLICES] or loops
   plan.apply(OptOps.PARALLEL, loops[0])
 
