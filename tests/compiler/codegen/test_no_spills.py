@@ -12,7 +12,7 @@ import pytest
 
 from rawgrad import Tensor
 from rawgrad.compiler.codegen.lower import lower_kernel
-from rawgrad.compiler.codegen.opt.heuristic import BROADCASTS_IN_FLIGHT, register_block
+from rawgrad.compiler.codegen.opt.heuristic import BROADCASTS_IN_FLIGHT, _widening, register_block
 from rawgrad.compiler.codegen.opt.kernel import OptOps
 from rawgrad.compiler.rangeify import create_schedule
 from rawgrad.compiler.render.llvmir import LLVMRenderer
@@ -151,7 +151,19 @@ def test_register_block_follows_the_registers_and_the_l1_ways(registers: int, wa
                                                               expected: tuple[int, int]) -> None:
   target = Target(kind="cpu", arch="x86_64", triple="x86_64-unknown-linux-gnu", cpu="x86-64",
                   vector_registers=registers, l1_ways=ways)
-  assert register_block(target, vectors=1, rows_available=1024, widen=2) == expected
+  assert register_block(target, vectors=1, rows_available=1024, widen=(2,)) == expected
   # few rows: the vector axis is copied so the block still has enough independent accumulators
-  assert register_block(target, vectors=1, rows_available=3, widen=2) == (3, 2)
-  assert register_block(target, vectors=1, rows_available=1024, widen=0)[1] == 1
+  assert register_block(target, vectors=1, rows_available=3, widen=(2,)) == (3, 2)
+  assert register_block(target, vectors=1, rows_available=1024, widen=())[1] == 1
+
+
+@pytest.mark.parametrize("registers, vectors, expected", [
+  (16, 3, (3, 3)),     # AVX2, a row of 24 floats: three copies, none peeled off
+  (16, 213, (6, 2)),   # AVX2, 1700 floats: 6 x 2 (one vector peeled off) loads as little as 3 x 3, with more rows
+  (32, 63, (8, 3)),    # AVX-512, 1000 floats: 8 x 3 loads less than 8 x 2
+  (32, 64, (8, 2)),
+])
+def test_three_copies_where_they_divide_the_row(registers: int, vectors: int, expected: tuple[int, int]) -> None:
+  target = Target(kind="cpu", arch="x86_64", triple="x86_64-unknown-linux-gnu", cpu="x86-64",
+                  vector_registers=registers, l1_ways=8)
+  assert register_block(target, vectors=1, rows_available=1024, widen=_widening(vectors)) == expected

@@ -90,7 +90,7 @@ def test_heuristics_block_rows_the_size_does_not_divide() -> None:
   a, b = rand(100, 2048, seed=1), rand(2048, 96, seed=2)
   item = last_kernel(Tensor(a) @ Tensor(b))
   opts = hand_coded_opts(item.ast)
-  rows, _ = register_block(host_target(), vectors=1, rows_available=100, widen=2)  # 12 on AVX-512, 6 on AVX2
+  rows, _ = register_block(host_target(), vectors=1, rows_available=100, widen=(2,))  # 12 on AVX-512, 6 on AVX2
   assert 100 % rows != 0 and Opt(OptOps.UNROLL, 0, rows) in opts, opts
   np.testing.assert_allclose(run_item(item, None, 2).reshape(100, 96), a @ b, rtol=1e-3, atol=1e-3)
 
@@ -102,7 +102,7 @@ def test_a_small_kernel_takes_rows_that_divide(registers: int, ways: int, rows: 
   a, b = rand(100, 64, seed=1), rand(64, 96, seed=2)
   item = last_kernel(Tensor(a) @ Tensor(b))
   target = replace(host_target(), vector_bytes=registers * 2, vector_registers=registers, l1_ways=ways)
-  assert register_block(target, vectors=1, rows_available=100, widen=2)[0] == 12 * registers // 32
+  assert register_block(target, vectors=1, rows_available=100, widen=(2,))[0] == 12 * registers // 32
   opts = hand_coded_opts(item.ast, target)
   assert Opt(OptOps.UNROLL, 0, rows) in opts, opts
   np.testing.assert_allclose(run_item(item, opts, 2).reshape(100, 96), a @ b, rtol=1e-4, atol=1e-4)

@@ -308,18 +308,18 @@ def _shared_rows(plan: Planner) -> list[UOp]:
           if constant(size_of(r)) != 1 and any(stride(a.index, r) == 0 for a in vector_loads)]
 
 
-def register_block(target: Target, vectors: int, rows_available: int | None, widen: int,
+def register_block(target: Target, vectors: int, rows_available: int | None, widen: tuple[int, ...],
                    one_run: bool = False) -> tuple[int, int]:
   """The shape of a register block, (rows, copies): `rows` rows (at most rows_available) of `vectors*copies` vector
-  accumulators each, copies 1 or `widen` (copies of the vector axis; 0: none possible). Live at once: the
+  accumulators each, copies 1 or one of `widen` (copies of the vector axis possible). Live at once: the
   accumulators, one row's loaded vectors and the broadcasts in flight, within the vector registers; the rows are
   streams through memory that may all map to one L1 set, so at most its ways. When the rows' broadcasts are one run
   of memory instead (`one_run`: a convolution's neighbouring pixels under its window, which LLVM unrolls), no set
   limits them, but LLVM loads them all before the multiply-adds, so every row's broadcast is live too. Among the
   shapes that fit, the one with enough independent accumulators to keep the FMA units busy that loads the least per
-  multiply-add."""
+  multiply-add (of two such, the one with more rows)."""
   shapes = []
-  for copies in (1, widen) if widen >= 2 else (1,):
+  for copies in (1, *widen):
     columns = vectors * copies
     if one_run: rows = min((target.vector_registers - columns) // (columns + 1), rows_available or 1 << 30)
     else: rows = min((target.vector_registers - columns - BROADCASTS_IN_FLIGHT) // columns, target.l1_ways,
@@ -358,7 +358,7 @@ def _block_registers(plan: Planner, vector_outer: UOp | None, vectors: int, targ
     plan.apply(OptOps.UNROLL, vector_outer, unroll_amount(constant(size_of(vector_outer)), min(LONG_RUN, free)))
     return
   broadcasts = [a for a in loads if not plan.uses_lanes(a.index)]
-  widen = _widening(constant(size_of(vector_outer))) if vector_outer is not None and broadcasts else 0
+  widen = _widening(constant(size_of(vector_outer))) if vector_outer is not None and broadcasts else ()
   rows_available = constant(size_of(reuse[-1])) if reuse else 1
   one_run = bool(reuse and broadcasts) and all(stride(a.index, reuse[-1]) in (0, 1) for a in broadcasts)
   # every row's broadcast is live at once where they slide along a window shorter than the rows (a convolution's
@@ -431,10 +431,13 @@ def _short_window(plan: Planner, rows: UOp, broadcasts: list[Access]) -> bool:
     for r in plan.reduce_loops)
 
 
-def _widening(size: int | None) -> int:
-  """Copies of the vector axis in a register block: 2, or 3 when that divides its vectors and 2 does not (an AVX2
-  row of 24 floats: three copies, not two and a third peeled off)."""
-  return 3 if size is not None and size % 2 and size % 3 == 0 else unroll_amount(size, 2)
+def _widening(size: int | None) -> tuple[int, ...]:
+  """Copies of the vector axis a register block may take: 2; where 3 divides its vectors and 2 does not, 3 instead
+  when the vectors are few (an AVX2 row of 24 floats: three copies, not two and a third peeled off), else either,
+  whichever makes the better block (AVX2's 1700x1700 matmul, 213 vectors a row: 3 x 3 vectors 176 GFLOPS, 6 x 2
+  with one vector peeled off 193; AVX-512's 1000x1000, 63 vectors: 8 x 3 vectors)."""
+  if size is not None and size % 2 and size % 3 == 0: return (3,) if size < 2 * PEEL_MIN_BLOCKS else (2, 3)
+  return (copies,) if (copies := unroll_amount(size, 2)) >= 2 else ()
 
 
 def _window_gated(plan: Planner) -> set[UOp]:
