@@ -14,7 +14,8 @@
    other.
 4. Packing (matmul's B): a loaded vector that jumps through memory from one reduce iteration to the next and is
    reused across an output loop is staged in a local buffer, a tile of it at a time, in the order it is read; the
-   tile's loop becomes the outermost one so each core packs its own tiles. With such a tile, the rows the register
+   tile's loop becomes the outermost one so each core packs its own tiles, and the tiles are sized so the cores get
+   even shares of them (where no size does, the load is read as it is). With such a tile, the rows the register
    block broadcasts are packed too (inside the loop over row blocks) where each step of the sum reads them from a
    new cache line and uses less than half of it (x^T dy with AVX2's 6 rows).
    Packing also lets a reduction vectorize an output loop the store is not contiguous along (a convolution's output
