@@ -284,6 +284,17 @@ def simplify(node: UOp) -> UOp:
   return graph_rewrite(node, pm_symbolic, name="pm_symbolic", cache=_simplified)
 
 
+def plus_constant(node: UOp, constant: int) -> UOp:
+  """A simplified integer expression plus a constant, as simplify would make the sum (the constant joins the
+  constant term a simplified sum keeps last) without walking the expression again."""
+  if constant == 0: return node
+  if node.op is Ops.CONST: return UOp.const(node.dtype, node.arg + constant)
+  if node.op is Ops.ADD and node.src[1].op is Ops.CONST:
+    total = node.src[1].arg + constant
+    return node.src[0] if total == 0 else node.replace(src=(node.src[0], UOp.const(node.dtype, total)))
+  return UOp(Ops.ADD, node.dtype, (node, UOp.const(node.dtype, constant)))
+
+
 def evaluate(node: UOp, assignment: dict[UOp, Any]) -> Any:
   """The value of an expression with variables and ranges set by `assignment`, with exact dtype semantics."""
   values: dict[UOp, Any] = {}

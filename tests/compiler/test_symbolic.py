@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rawgrad.compiler.ir import Ops, UOp, exec_alu
-from rawgrad.compiler.symbolic import Variable, evaluate, simplify
+from rawgrad.compiler.symbolic import Variable, evaluate, plus_constant, simplify
 from rawgrad.dtype import dtypes
 
 
@@ -84,6 +84,24 @@ def _check_simplification(expression: UOp, leaves: list[UOp]) -> None:
 @given(expressions())
 def test_simplify_keeps_values_on_index_expressions(case: tuple[UOp, list[UOp]]) -> None:
   _check_simplification(*case)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(expressions(), st.integers(-40, 40))
+def test_plus_constant_keeps_values(case: tuple[UOp, list[UOp]], constant: int) -> None:
+  expression, leaves = case
+  simplified = simplify(expression)
+  shifted = plus_constant(simplified, constant)
+  assignments = _assignments(leaves)
+  for want, got in zip(_values(expression, assignments), _values(shifted, assignments)):
+    if want != "undefined": assert got == want + constant, f"{simplified.render()} + {constant}: {shifted.render()}"
+
+
+@given(st.lists(st.integers(-9, 9), min_size=1, max_size=3), st.integers(-40, 40), st.integers(-40, 40))
+def test_plus_constant_is_what_simplify_makes_of_a_sum(coefficients: list[int], start: int, constant: int) -> None:
+  ranges = [UOp.range(8, axis) for axis in range(len(coefficients))]
+  index = simplify(sum((r * c for r, c in zip(ranges, coefficients)), UOp.const(dtypes.index, start)))
+  assert plus_constant(index, constant) is simplify(index + constant)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -29,7 +29,7 @@ from rawgrad.compiler.codegen.opt.kernel import (LOOP_KINDS, UNROLL, UPCAST, all
                                                  stride)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
-from rawgrad.compiler.symbolic import simplify
+from rawgrad.compiler.symbolic import plus_constant, simplify
 from rawgrad.dtype import dtypes
 
 
@@ -134,6 +134,7 @@ class _Expander:
       self.touched[node] = node in expanded or any(self.touched[s] for s in node.src)
     self.cache: dict[tuple, UOp] = {}
     self.steps: dict[UOp, tuple[int, ...] | None] = {}
+    self.offsets: dict[UOp, tuple[UOp, int]] = {}  # a copy's index: the first copy's and the constant it adds
 
   # *** helpers ***
 
@@ -159,7 +160,8 @@ class _Expander:
       if steps is not None and any(env[r] for r in unrolls):
         first = self.concrete(expr, {**env, **{r: 0 for r in unrolls}})
         offset = sum(step * env[r] for step, r in zip(steps, unrolls))
-        self.cache[key] = simplify(first + UOp.const(dtypes.index, offset))
+        self.cache[key] = plus_constant(first, offset)
+        self.offsets[self.cache[key]] = first, offset
       else:
         mapping = {r: UOp.const(dtypes.index, env[r]) for r in unrolls}
         self.cache[key] = simplify(substitute(expr, mapping)) if mapping else expr
@@ -175,7 +177,11 @@ class _Expander:
   def at_lane(self, expr: UOp, lane: int) -> UOp:
     """An index or gate expression for one lane, simplified (the copies of a kernel share many)."""
     key = ("lane", expr, lane)
-    if key not in self.cache: self.cache[key] = simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
+    if key not in self.cache:
+      if (known := self.offsets.get(expr)) is not None:  # the first copy's index at the lane, plus the constant
+        first, offset = known
+        self.cache[key] = plus_constant(self.at_lane(first, lane), offset)
+      else: self.cache[key] = simplify(substitute(expr, {self.upcast: UOp.const(dtypes.index, lane)}))
     return self.cache[key]
 
   def lane_addresses(self, index: UOp) -> list[UOp]:
