@@ -17,7 +17,7 @@ from rawgrad.engine.jit import refuse_host_read
 from rawgrad.engine.schedule_cache import cached_schedule
 from rawgrad.engine.realize import KernelCompiler, item_device, plan_temporaries, run_schedule
 from rawgrad.errors import ArgumentError, DTypeError, ShapeError
-from rawgrad.helpers import PROFILE, WeakIdentitySet, all_same, prod, unique_id
+from rawgrad.helpers import PROFILE, WeakIdentitySet, all_same, gc_paused, prod, unique_id
 from rawgrad.runtime.device import Device, buffer_for
 from rawgrad.runtime.profile import record_origin
 from rawgrad.tensor_ops.bounds import mark_computed, raise_failed_checks, take_pending
@@ -691,7 +691,7 @@ def realize_tensors(tensors: list[Tensor]) -> None:
   if checks: tensors = [*tensors, *(check.extremes for check in checks)]
   outputs = [t.uop for t in tensors if buffer_base(t.uop) is None]
   if not outputs: return
-  with KernelCompiler() as compiler:
+  with gc_paused(), KernelCompiler() as compiler:
     # each kernel starts compiling as soon as it is built, while the scheduler builds the next
     schedule = cached_schedule(outputs, on_kernel=lambda item: compiler.start(item_device(item), item.ast))
     kept = _apply_becomes_map(schedule.becomes_map)

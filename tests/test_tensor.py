@@ -7,6 +7,7 @@ sized to about a thousand distinct kernels: ~25 s with a cold compile cache, ~12
 """
 from __future__ import annotations
 
+import gc
 import operator
 import warnings
 from typing import Any, Callable
@@ -19,6 +20,7 @@ from hypothesis import strategies as st
 from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
 from rawgrad.errors import DTypeError, ShapeError
+import rawgrad.tensor as tensor_module
 from rawgrad.tensor import Tensor
 
 # *** helpers ***
@@ -1095,3 +1097,32 @@ def test_shape_dtype_and_index_mistakes_are_runtime_errors_too() -> None:
   for make, error in cases:
     with pytest.raises(error) as raised: make()
     assert isinstance(raised.value, RuntimeError)
+
+
+def test_realize_holds_the_collector_off_and_restores_it(monkeypatch: pytest.MonkeyPatch) -> None:
+  seen = []
+  schedule = tensor_module.cached_schedule
+
+  def watched(*args, **kwargs):
+    seen.append(gc.isenabled())
+    return schedule(*args, **kwargs)
+  monkeypatch.setattr(tensor_module, "cached_schedule", watched)
+  assert gc.isenabled()
+  np.testing.assert_equal((Tensor([1.0, 2.0]) * 3).numpy(), [3.0, 6.0])
+  assert seen == [False] and gc.isenabled()
+  gc.disable()  # a program that runs without the collector keeps it off
+  try:
+    (Tensor([1.0]) + 1).realize()
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
+def test_a_failed_realize_turns_the_collector_back_on(monkeypatch: pytest.MonkeyPatch) -> None:
+
+  def failing(*args, **kwargs):
+    raise RuntimeError("scheduler failed")
+  monkeypatch.setattr(tensor_module, "cached_schedule", failing)
+  with pytest.raises(RuntimeError, match="scheduler failed"):
+    (Tensor([1.0]) + 1).realize()
+  assert gc.isenabled()
