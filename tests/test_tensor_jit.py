@@ -1,8 +1,12 @@
 """jit: replay matches eager, and everything replay would get silently wrong raises instead."""
+import gc
+import weakref
+
 import numpy as np
 import pytest
 
 from rawgrad import GlobalCounters, Tensor, Variable, jit
+from rawgrad.runtime.device import Device
 from rawgrad.tensor_jit import JitError
 
 rng = np.random.default_rng(0)
@@ -270,3 +274,23 @@ def test_tensors_inside_lists_and_dicts_are_inputs() -> None:
     assert got.tolist() == [2 * step + 11.0, 2 * step + 22.0 + step]
   with pytest.raises(JitError, match="captured with 3 tensor inputs, called with 2"):
     combine([Tensor([1.0, 1.0])], {"bias": Tensor([1.0, 1.0])}, scale=2.0)
+
+
+def test_a_dropped_jit_waits_for_its_last_replay_before_its_arguments_are_freed() -> None:
+  """The replayed kernels read their argument blocks from the graph's memory: dropped (the function collected, the
+  program exiting) while the last replay still runs, the graph frees that memory only after the device is past it."""
+  def chain(x: Tensor) -> Tensor:
+    for _ in range(32): x = (x * 1.0001 + 1).contiguous()
+    return x
+  replayed = jit(chain)
+  # on the CPU, 32 kernels over 16 MB: tens of ms, long enough to still run at the check without the wait (the GPU
+  # emulators run them in numpy: a small tensor keeps the suite quick)
+  x = Tensor(np.zeros(1 << 22 if Device.DEFAULT == "CPU" else 1 << 10, np.float32)).realize()
+  for _ in range(3): replayed(x)
+  graph = weakref.ref(replayed.graph)
+  last_run = dict(replayed.graph.last_run)
+  assert last_run
+  del replayed
+  if graph() is not None: gc.collect()
+  assert graph() is None
+  for device, value in last_run.items(): assert Device[device].timeline_signal.value >= value

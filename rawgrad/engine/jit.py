@@ -10,6 +10,7 @@ The tensor-level `jit` decorator (rawgrad/tensor_jit.py) decides what is capture
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -136,6 +137,17 @@ class _Segment:
   encoded: Any = None
 
 
+_UNFINISHED: list[Any] = []  # the memory of graphs whose devices did not finish their last replay: never freed
+
+
+def _release_after_runs(last_run: dict[str, int], memory: Any) -> None:
+  """Wait until every device has run a dropped graph's last replay, so its memory can go."""
+  try:
+    for device, value in last_run.items(): Device[device].synchronize_after(value)
+  except Exception:  # a faulted or stuck device may still read the memory: keep it
+    _UNFINISHED.append(memory)
+
+
 class CommandGraph:
   """A capture as prebuilt queues: every kernel's EXEC over its own argument block, copies on the copy engine.
   Replays patch the argument blocks in place (new input addresses, new variable values) and submit again. A kernel
@@ -151,6 +163,9 @@ class CommandGraph:
     self.dims: dict[int, Any] = {}              # item -> the launch size encoded
     self._memory: list[Any] = []                # keeps the argument blocks alive
     self.last_run: dict[str, int] = {}         # device -> the timeline value that ends the last replay there
+    # dropped while its last replay still runs (the jit function collected, a program exiting), the graph's argument
+    # blocks are freed only after the devices are past it: a kernel read its arguments from freed memory
+    weakref.finalize(self, _release_after_runs, self.last_run, (self._memory, self.times))
     self.segments = self._segments()
     for segment in self.segments:
       if segment.engine != "host": segment.encoded = self._encode(segment)
