@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import math
 
-from rawgrad.helpers import ceildiv
 from rawgrad.compiler.codegen.expand import MAX_INTERLEAVED, transpose_block
 from rawgrad.compiler.codegen.gates import clauses, simplify_gated_indices
 from rawgrad.compiler.codegen.opt.gpu_heuristic import gpu_opts
@@ -57,6 +56,7 @@ from rawgrad.compiler.codegen.opt.kernel import (ACCUMULATE, EXPANDED_KINDS, LOO
 from rawgrad.compiler.codegen.opt.planner import Access, Planner, accesses, constant, unroll_amount, vector_amount
 from rawgrad.compiler.ir import GroupOp, Ops, UOp
 from rawgrad.compiler.target import Target, host_target
+from rawgrad.helpers import ceildiv
 
 BROADCASTS_IN_FLIGHT = 2        # registers a register block leaves for broadcast scalars (LLVM loads the next early)
 LONG_RUN = 8                    # vectors of a row read in a run before jumping to the next row
