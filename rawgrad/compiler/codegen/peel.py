@@ -13,8 +13,8 @@ live in 16 registers, 135 instead of 200 GFLOPS).
 """
 from __future__ import annotations
 
-from rawgrad.compiler.codegen.opt.kernel import (LOOP, PARALLEL, REDUCE, all_ranges, range_kind, reduce_ranges,
-                                                 simplify_addresses)
+from rawgrad.compiler.codegen.opt.kernel import (LOOP, PARALLEL, REDUCE, all_ranges, fresh_range_id, range_kind,
+                                                 reduce_ranges, simplify_addresses)
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.rewrite import substitute
 
@@ -42,7 +42,7 @@ def _peel(ast: UOp, loop: UOp) -> tuple[UOp, ...] | None:
   if any(node.op is Ops.AFTER and loop in node.toposort for node in ast.toposort): return None
   last = loop.src[0].arg - 1
   shorter = UOp.range(last, loop.arg[0], range_kind(loop))
-  first_free = max(r.arg[0] for r in all_ranges(ast)) + 1
+  first_free = fresh_range_id(ast)
   loops = sorted((r for r in reduce_ranges(ast) if range_kind(r) == REDUCE), key=lambda r: r.arg[0])
   own = {r: UOp.range(r.src[0], first_free + i, REDUCE) for i, r in enumerate(loops)}
   stores: list[UOp] = []

@@ -112,6 +112,11 @@ def all_ranges(ast: UOp) -> list[UOp]:
   return list(_ranges(ast)[0])
 
 
+def fresh_range_id(ast: UOp) -> int:
+  """An id no range of the kernel has yet (one past the largest)."""
+  return all_ranges(ast)[-1].arg[0] + 1
+
+
 def loop_axes(ast: UOp) -> list[UOp]:
   """The kernel's loops in nesting order: output loops (parallel first), then reduce loops."""
   return list(_ranges(ast)[2])
@@ -249,7 +254,7 @@ def group_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if scratch_bytes > MAX_GROUP_BYTES:
     raise OptError(f"{opt}: {chunks} chunks of {count} outputs need {scratch_bytes} bytes of scratch, more than "
                    f"{MAX_GROUP_BYTES}")
-  fresh = max(r.arg[0] for r in all_ranges(ast)) + 1
+  fresh = fresh_range_id(ast)
   inner, combine = UOp.range(chunk, fresh, REDUCE), UOp.range(chunks, fresh + 1, REDUCE)
   # one chunk needs no group loop: the kernel runs as one slice
   group = UOp.range(chunks, fresh + 2, PARALLEL) if chunks > 1 else UOp.const(dtypes.index, 0)
@@ -329,7 +334,7 @@ def block_reduce(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
     raise OptError(f"{opt}: the reduction's vector or unrolled axes would need combining per lane")
   if any(range_kind(r) == UPCAST for r in ranges):
     raise OptError(f"{opt}: vector outputs would need vectors of shared memory (unrolled outputs can be shared)")
-  fresh = max(r.arg[0] for r in ranges) + 1
+  fresh = fresh_range_id(ast)
   lane = UOp.range(opt.amount, fresh, THREAD)
   outer = UOp.range(simplify((target.src[0] + (opt.amount - 1)) // opt.amount), fresh + 1, REDUCE)
   replacement = outer * opt.amount + lane
@@ -400,7 +405,7 @@ def stage_shared(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   sizes = [size_of(r) for r in layout]
   if not all(isinstance(size, int) for size in sizes): raise OptError(f"{opt}: the staged loops need constant sizes")
   count, block = math.prod(sizes), math.prod(size_of(r) for r in threads)
-  fresh = max(r.arg[0] for r in ranges) + 1
+  fresh = fresh_range_id(ast)
   rounds = UOp.range(-(-count // block), fresh, STAGE)
   element = simplify(rounds * block + _row_major(threads, [size_of(r) for r in threads]))
   # element -> the value of each staged range
@@ -445,7 +450,7 @@ def stage_load(ast: UOp, axes: list[UOp], opt: Opt) -> UOp:
   if count * load.dtype.itemsize > MAX_LOCAL_BYTES:
     raise OptError(f"{opt}: {count * load.dtype.itemsize} bytes is more than a local buffer holds ({MAX_LOCAL_BYTES})")
   if not inside: raise OptError(f"{opt}: nothing to stage: no loop inside loop {opt.axis} moves the load")
-  fresh = max(r.arg[0] for r in ranges) + 1
+  fresh = fresh_range_id(ast)
   copies = {r: UOp.range(size_of(r), fresh + i, STAGE) for i, r in enumerate(inside)}
   locals_made = sum(1 for node in ast.toposort if node.op is Ops.DEFINE_LOCAL)
   local = UOp(Ops.DEFINE_LOCAL, load.dtype.ptr(count, local=True), arg=locals_made)
@@ -550,7 +555,7 @@ def split_range(ast: UOp, target: UOp, amount: int, inner_kind: str) -> tuple[UO
   """Replace `target` by `outer*amount + inner`: the new AST, the outer range (None when it would have one
   iteration) and the inner range. Ids are temporary; renumber() orders the loops."""
   size = target.src[0]
-  fresh = max(r.arg[0] for r in all_ranges(ast)) + 1
+  fresh = fresh_range_id(ast)
   inner = UOp.range(amount, fresh, inner_kind)
   outer_size = simplify((size + (amount - 1)) // amount)
   if outer_size.op is Ops.CONST and outer_size.arg <= 1:
