@@ -90,3 +90,16 @@ def test_rendered_math_and_casts() -> None:
     dtypes.int32))
   np.testing.assert_array_equal(run_item(item, [Opt(OptOps.UPCAST, 0, 4)]),
                                 (np.sqrt(x) + 1 / x).astype(np.int32) + np.trunc(x).astype(np.int32))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int32, np.float64, np.bool_])
+def test_a_vector_stored_lane_by_lane_is_one_scatter(dtype: type) -> None:
+  # a transposing copy whose lanes run along the output's rows: every lane is stored a row apart
+  a = rng.integers(0, 2, (8, 16)).astype(dtype) if dtype is np.bool_ else rng.integers(-9, 9, (8, 16)).astype(dtype)
+  item = last_kernel(~Tensor(a).T if dtype is np.bool_ else (Tensor(a) + 1).T)
+  opts = [Opt(OptOps.UPCAST, 0, 8)]
+  module = LLVMRenderer().render(item.ast.arg, lower_kernel(item.ast, opts).program)
+  scatters = module.count("call void @llvm.masked.scatter.")
+  # booleans are widened to bytes lane by lane, so they stay lone stores
+  assert scatters == (0 if dtype is np.bool_ else 1), module
+  np.testing.assert_array_equal(run_item(item, opts), (~a.T if dtype is np.bool_ else a.T + 1).ravel())
