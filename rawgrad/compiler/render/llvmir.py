@@ -710,9 +710,9 @@ def scattered_stores(program: list[UOp]) -> tuple[dict[UOp, tuple[UOp, list[UOp]
   """Groups of ungated stores that write every lane of one vector (each an extracted lane) to its own address in one
   buffer, with nothing between the group's first and last store but arithmetic, addresses and accesses of other
   buffers: by the group's last store, the vector and its stores in lane order; and the nodes not rendered. Each
-  group renders as one masked scatter: LLVM's dead-store and combining passes spent about a fifth of MNIST's compile on a convolution's hundreds
-  of lone lane stores (its output channels are lanes, each stored a row apart). The group's other stores are not
-  rendered, nor the lanes' extracts that nothing else uses."""
+  group renders as one masked scatter: LLVM's dead-store and combining passes spent about a fifth of MNIST's
+  compile on a convolution's hundreds of lone lane stores (its output channels are lanes, each stored a row apart).
+  The group's other stores are not rendered, nor the lanes' extracts that nothing else uses."""
   users: dict[UOp, int] = {}
   for node in program:
     for source in node.src: users[source] = users.get(source, 0) + 1
