@@ -129,6 +129,25 @@ def test_a_linear_layer_packs_its_weight_rows_into_lanes_instead_of_summing_dot_
     np.testing.assert_allclose(run_item(item, opts, cores).reshape(48, 2048), x @ w.T, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("target", [AVX2, WIDE], ids=["avx2", "avx512"])
+def test_attention_scores_over_short_heads_gather_keys_instead_of_summing_dot_products(target: Target) -> None:
+  """q @ k.T with q and k slices of one buffer (a fused qkv projection) over heads of 32: too short a sum to pack
+  k for, and k cannot be packed apart from q. The lanes go along the keys, each gathered vector of k serving a
+  block of query rows, instead of dot products that each add up their lanes."""
+  heads, context, width = 2, 32, 32
+  qkv = rng.standard_normal((heads, context, 3 * width)).astype(np.float32)
+  t = Tensor(qkv)
+  item = last_kernel(t[:, :, :width] @ t[:, :, width:2 * width].transpose(1, 2))
+  opts = hand_coded_opts(item.ast, target)
+  lanes = target.vector_bytes // 4
+  assert opts[0] == Opt(OptOps.UPCAST, 2, lanes) and OptOps.LOCAL not in _ops(opts), opts  # the keys' loop
+  assert any(opt.op is OptOps.UNROLL and opt.axis == 1 and opt.amount >= 4 for opt in opts), opts  # query rows
+  expected = qkv[:, :, :width] @ qkv[:, :, width:2 * width].transpose(0, 2, 1)
+  for cores in (1, 4):
+    np.testing.assert_allclose(run_item(item, opts, cores).reshape(heads, context, context), expected, rtol=1e-4,
+                               atol=1e-4)
+
+
 def _embedding_gradient(rows: int, width: int, picks: int) -> tuple[Tensor, np.ndarray]:
   index = rng.integers(0, rows, picks).astype(np.int32)
   upstream = rng.standard_normal((picks, width)).astype(np.float32)
