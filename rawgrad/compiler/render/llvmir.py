@@ -120,6 +120,11 @@ class _FunctionWriter:
     self.streams = False
     self.table = argument_table(program)
     self.table_words: dict[UOp, int] = {}  # with an argument table: each buffer's word in it
+    # a GPU kernel loads its words from the table where it uses them; a CPU kernel's entry point loads them all and
+    # passes them to its body as it passes an argument block's, the buffers as noalias parameters: a buffer address
+    # loaded from memory could alias any other, and LLVM would then keep every load in the loops where it is used
+    # (cross entropy's gradient, 21 words: each row's values loaded and its log1p formed again for every element)
+    self.body_reads_table = self.table is not None and self.gpu
     # on a CPU, a vector stored a lane at a time to scattered addresses is one masked scatter (scattered_stores)
     self.scatters, self.folded = ({}, set()) if self.gpu else scattered_stores(program)
 
@@ -167,11 +172,12 @@ class _FunctionWriter:
 
   def name_parameters(self) -> tuple[list[UOp], list[UOp]]:
     params, variables = kernel_parameters(self.program)
-    if self.table is not None: self.table_words = {param: word for word, param in enumerate(params)}
+    if self.body_reads_table: self.table_words = {param: word for word, param in enumerate(params)}
     else: self.names.update({param: f"%data{param.arg}" for param in params})
     for word, variable in enumerate(variables, start=len(params)):
       slot = self.names[variable] = variable_slot_name(variable)
-      if self.table is not None: self.emit(f"{slot} = load i64, {self.table_word(word)}, align 8, !invariant.load !1")
+      if self.body_reads_table:
+        self.emit(f"{slot} = load i64, {self.table_word(word)}, align 8, !invariant.load !1")
       if variable.dtype == dtypes.float64:  # a parameterized constant: its slot holds the float's bits
         self.names[variable] = f"{slot}.value"
         self.emit(f"{slot}.value = bitcast i64 {slot} to double")
@@ -195,7 +201,7 @@ class _FunctionWriter:
                                "!invariant.load !1", "data")
 
   def table_metadata(self) -> str:
-    return "!1 = !{}\n" if self.table is not None else ""
+    return "!1 = !{}\n" if self.body_reads_table else ""
 
   def shared_globals(self) -> list[str]:
     """GPU shared memory (DEFINE_LOCAL) as addrspace(3) module globals; their contents start undefined."""
@@ -223,15 +229,13 @@ class _FunctionWriter:
     """The kernel body as an internal function with noalias parameters, and the entry point the runtime calls:
     `void name(ptr args, i64 core, i64 cores)`, where args holds 8-byte slots: the addresses of the buffers the
     program uses (in DEFINE_GLOBAL order), then its variables' values (sorted by name); or, with an argument table,
-    the table's address alone, and the body loads those words from the table."""
+    the table's address alone, and the entry point loads those words from the table."""
     params, variables = self.name_parameters()
     self.names.update({CORE: "%core", CORES: "%cores"})
     globals_ = self.scratch_globals()
     for instruction in self.program: self.instruction(instruction)
-    if self.table is not None: signature = [self.table_parameter()]
-    else:
-      signature = [f"ptr noalias {self.names[p]}" for p in params]
-      signature += [f"i64 {variable_slot_name(v)}" for v in variables]
+    signature = [f"ptr noalias {self.names[p]}" for p in params]
+    signature += [f"i64 {variable_slot_name(v)}" for v in variables]
     signature += ["i64 %core", "i64 %cores"]
     # non-temporal stores are weakly ordered: make them visible before whoever waits for the kernel reads them
     fence = "\n  fence seq_cst" if self.streams else ""
@@ -261,10 +265,14 @@ class _FunctionWriter:
     return f"@{self.name}.finished{barrier.src[0].arg}"
 
   def entry_point(self, params: list[UOp], variables: list[UOp]) -> str:
-    lines, arguments = [], []
-    for slot, node in enumerate([self.table] if self.table is not None else params + variables):
+    # the words are in the argument block, or in the table whose address is the block's only word
+    lines, arguments, words = [], [], "%args"
+    if self.table is not None:
+      lines.append("  %table = load ptr, ptr %args, align 8")
+      words = "%table"
+    for slot, node in enumerate(params + variables):
       kind = "ptr" if node.op is Ops.DEFINE_GLOBAL else "i64"
-      lines.append(f"  %slot{slot} = getelementptr inbounds i64, ptr %args, i64 {slot}")
+      lines.append(f"  %slot{slot} = getelementptr inbounds i64, ptr {words}, i64 {slot}")
       lines.append(f"  %arg{slot} = load {kind}, ptr %slot{slot}, align 8")
       arguments.append(f"{kind} %arg{slot}")
     arguments += ["i64 %core", "i64 %cores"]

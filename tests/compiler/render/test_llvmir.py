@@ -1,17 +1,20 @@
 """compiler/render/llvmir.py on the CPU: types and constants, the entry point that reads the argument block, the
 module LLVM accepts, and rendered kernels that compute what numpy does for every kind of dtype. (The GPU renderers:
 test_gpu_renderers.py.)"""
+import dataclasses
 import struct
 
 import numpy as np
 import pytest
 
 from rawgrad import Tensor
+from rawgrad.compiler.codegen.linearize import argument_table
 from rawgrad.compiler.codegen.lower import lower_kernel
 from rawgrad.compiler.codegen.opt.kernel import Opt, OptOps
 from rawgrad.compiler.ir import Ops, UOp
 from rawgrad.compiler.program_text import deserialize_program, program_from_comments
 from rawgrad.compiler.render.llvmir import LLVMRenderer, kernel_symbol, llvm_constant, llvm_type
+from rawgrad.compiler.target import host_target
 from rawgrad.dtype import dtypes
 from rawgrad.runtime.compile import LLVMCompiler
 from tests.compiler.codegen.kernels import last_kernel, run_item
@@ -103,3 +106,16 @@ def test_a_vector_stored_lane_by_lane_is_one_scatter(dtype: type) -> None:
   # booleans are widened to bytes lane by lane, so they stay lone stores
   assert scatters == (0 if dtype is np.bool_ else 1), module
   np.testing.assert_array_equal(run_item(item, opts), (~a.T if dtype is np.bool_ else a.T + 1).ravel())
+
+
+def test_a_cpu_kernel_with_an_argument_table_keeps_its_buffers_apart() -> None:
+  """Past the argument limit the entry point loads the words from the table and passes the buffers to the body as
+  noalias parameters, as an argument block's: LLVM then hoists what a row reads out of the loop over its elements."""
+  item = last_kernel((Tensor.empty(4, 64) - Tensor.empty(4, 1)) * (Tensor.empty(4, 1).exp() + 1))
+  program = lower_kernel(item.ast, [], dataclasses.replace(host_target(), kernarg_bytes=8)).program
+  assert argument_table(program) is not None
+  module = LLVMRenderer().render(item.ast.arg, program)
+  symbol = kernel_symbol(item.ast.arg)
+  assert f"define internal void @{symbol}.body(ptr noalias %data0, ptr noalias %data1, ptr noalias %data2" in module
+  assert "%table = load ptr, ptr %args, align 8" in module and "!invariant.load" not in module, module
+  # (tests/engine/test_argument_table.py runs kernels through the table)
