@@ -343,19 +343,23 @@ def softmax(x: Any, axis: int) -> Any:
 
 def log_softmax(x: Any, axis: int) -> Any:
   """x - max - log(sum(exp(x - max))), differentiated as PyTorch does, grad - exp(result) * sum(grad), with the
-  cancellation at a dominant element taken out (see _dominant). The shift comes first: adding the peak back (as
-  logsumexp does) would round away small differences. The sum of the exponentials is 1 (the peak's) plus the rest,
-  so its logarithm is log1p(rest): the log-probability of a dominant element keeps its digits."""
+  cancellation at a dominant element taken out as softmax does (see _dominant), its mask and the others' share taken
+  from the forward's sum. The shift comes first: adding the peak back (as logsumexp does) would round away small
+  differences. The sum of the exponentials is 1 (the peak's) plus the rest, so its logarithm is log1p(rest): the
+  log-probability of a dominant element keeps its digits."""
   shifted = x - x.max(axis, keepdim=True).detach()
   at_peak = shifted == 0
   rest = at_peak.where(0, shifted.exp()).sum(axis, keepdim=True) + (at_peak.sum(axis, keepdim=True) - 1)
   result = shifted - rest.log1p()
 
   def rule(grad: Any, out: Any, _: Any) -> tuple[Any]:
-    probability = out.exp()
-    dominant, others = _dominant(probability, axis)
+    # the probability above 1/2 is the peak's, alone at the peak, 1 / (1 + rest) with rest < 1: the others' share is
+    # rest / (1 + rest), and the mask needs no exponential (the sums over the gradient read no logits' exponentials)
+    dominant = at_peak & (rest < 1)
     total = grad.sum(axis, keepdim=True)
-    return (dominant.where(grad * others(probability) - probability * others(grad), grad - probability * total),)
+    others_grad = dominant.where(0, grad).sum(axis, keepdim=True)
+    probability = out.exp()
+    return (dominant.where(grad * (rest / (rest + 1)) - probability * others_grad, grad - probability * total),)
   return with_gradient(result, (x,), rule)
 
 

@@ -58,6 +58,27 @@ def test_softmax_family_is_stable() -> None:
   np.testing.assert_allclose(Tensor(x).softmax(0).numpy(), e / e.sum(0), rtol=1e-5)
 
 
+def test_the_log_softmax_gradients_row_sums_read_no_exponentials() -> None:
+  """The backward's masks come from the forward's sum of the other exponentials (a probability above 1/2 is the
+  peak's, with that sum below 1): its row sums read only the gradient, and the exponentials are formed twice in all,
+  for the forward's sum and for the gradient itself. Values: the dominant rows' gradients against float64."""
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((8, 64)).astype(np.float32)
+  x[::2, 3] += 30  # a dominant element in every other row
+  weight = rng.standard_normal((8, 64)).astype(np.float32)
+  t = Tensor(x, requires_grad=True)
+  (t.log_softmax(1) * Tensor(weight)).sum().backward()
+  kernels = create_schedule([t.grad.uop]).items
+  with_exponentials = [k.ast.arg for k in kernels if any(n.op is Ops.EXP2 for n in k.ast.toposort)]
+  assert len(with_exponentials) == 2, with_exponentials
+  x64, w64 = x.astype(np.float64), weight.astype(np.float64)
+  p = np.exp(x64 - x64.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  exact = (p[:, None, :] * w64[:, :, None] - p[:, :, None] * w64[:, None, :]).sum(-1)
+  largest = np.abs(exact).max(1, keepdims=True)
+  assert (np.abs(t.grad.numpy() - exact) <= 1e-6 * largest).all()
+
+
 def test_scans() -> None:
   t = Tensor(x)
   np.testing.assert_allclose(t.cumsum(1).numpy(), x.cumsum(1), rtol=1e-5, atol=1e-6)
