@@ -363,6 +363,10 @@ def _reason_to_bufferize(node: UOp, requests: list[Request], realizes: dict[UOp,
         return f"its reduction would be recomputed for every value of {names} (the consumer broadcasts it)"
   # a movement op is only index arithmetic: let the differing requests reach its source, which then decides
   if node.op in GroupOp.Movement: return None
+  # so is a widening cast, exactly: its source, narrower, is the buffer if one is needed (a float32 matmul's output
+  # that float64 GELU math reads in the forward and the backward: stored as float64, it was twice the bytes, and the
+  # matmul that stored it ran at half the vector width)
+  if node.op is Ops.CAST and node.dtype.itemsize > node.src[0].dtype.itemsize: return None
   # read along a sum's loop and broadcast along an output loop (a softmax's gradient in a linear layer's gradients,
   # x^T dy and dy W), an exponential or a division would run once per multiply-add, where a buffer computes it once
   # per element (a value the sum's loop does not move, a batch norm's scale, LLVM computes once per output anyway)

@@ -16,6 +16,7 @@ from rawgrad.compiler.codegen.opt.kernel import Opt, OptError, OptOps, apply_opt
 from rawgrad.compiler.ir import Ops, UOp, origins
 from rawgrad.compiler.rangeify import Schedule, _reshape_groups, _reshape_index, buffer_base, create_schedule
 from rawgrad.compiler.symbolic import evaluate
+from rawgrad.dtype import dtypes
 from rawgrad.errors import IndexOutOfRange
 from rawgrad.helpers import GlobalCounters
 from rawgrad.tensor import realize_tensors
@@ -178,6 +179,19 @@ def test_reduce_indexed_differently_is_buffered() -> None:
   schedule = assert_fusion(s + s.flip(0), 2, x.sum(1) + x.sum(1)[::-1])
   buffered = intermediate_buffers(schedule)
   assert len(buffered) == 1 and "index it differently" in buffered[0][1], buffered
+
+
+def test_a_widened_reduce_indexed_differently_is_buffered_narrow() -> None:
+  """A widening cast is index arithmetic for the buffering decision: its narrower source is stored, and each
+  consumer widens what it reads (the same values, half the bytes for float32 widened to float64)."""
+  x = rand(4, N)
+  s = Tensor(x).sum(1).cast(dtypes.float64)
+  expected = x.sum(1).astype(np.float64) + x.sum(1).astype(np.float64)[::-1]
+  schedule = assert_fusion(s + s.flip(0), 2, expected)
+  buffered = intermediate_buffers(schedule)
+  assert [op for op, _ in buffered] == [Ops.REDUCE_AXIS], buffered
+  stored = [node.dtype.base for item in schedule.items for node in item.ast.toposort if node.op is Ops.DEFINE_GLOBAL]
+  assert dtypes.float64 in stored and stored.count(dtypes.float32) >= 2, stored  # the sum's buffer is float32
 
 
 def test_elementwise_on_a_reduce_indexed_differently_is_buffered_once() -> None:
