@@ -372,6 +372,17 @@ def test_a_transposed_matmul_with_packed_rows_is_blocked_along_k_before_its_tile
                                atol=2e-3)
 
 
+@pytest.mark.parametrize("cores, blocked", [(2, False), (1, True)])
+def test_a_transposed_matmul_read_once_a_core_is_not_blocked(cores: int, blocked: bool) -> None:
+  """A language model's head, x^T dy of 2048x2048 by 2048x128: two tiles of columns. On two cores each reads x once
+  from memory, and blocks of the sum would only add passes over the output (AVX-512: 8.6 ms in blocks of 256, 6.4
+  ms whole); on one core x is read again for its second tile, and the sum is blocked."""
+  ast = _ast(Tensor.empty(2048, 2048).T @ Tensor.empty(2048, 128))
+  opts = hand_coded_opts(ast, replace(WIDE, threads_in_flight=cores))
+  assert (OptOps.ACCUMULATE in _ops(opts)) == blocked, opts
+  assert OptOps.TILE in _ops(opts) and opts[-1] == Opt(OptOps.LOCAL, 0, 2), opts
+
+
 def busiest_share(size: int, amount: int, cores: int) -> int:
   """Iterations the busiest core runs when each takes whole tiles of `amount`."""
   tiles = -(-size // amount)
