@@ -730,11 +730,16 @@ def realize_readers(written: Sequence[Tensor], exclude: Sequence[Tensor] = ()) -
   of them, which see the new values, as PyTorch's views do), except `exclude` (realized with the write). PyTorch
   computes a tensor when it is made, so `loss.backward(); optimizer.step(); loss.item()` reads the loss of the
   weights before the step; a lazy loss realized after it read the new ones."""
+  if readers := readers_of(written, exclude): readers[0].realize(*readers[1:])
+
+
+def readers_of(written: Sequence[Tensor], exclude: Sequence[Tensor] = ()) -> list[Tensor]:
+  """The lazy tensors computed from the buffers of `written` (not views of them), but `exclude`: what must be
+  realized before those buffers are overwritten (see realize_readers)."""
   buffers = {base for tensor in written if (base := buffer_base(tensor.uop)) is not None}
   skipped = {id(tensor) for tensor in exclude}
-  readers = [tensor for tensor in list(lazy_tensors) if id(tensor) not in skipped and not _is_view(tensor.uop) and
-             not buffers.isdisjoint(tensor.uop.walked())] if buffers else []
-  if readers: readers[0].realize(*readers[1:])
+  return [tensor for tensor in list(lazy_tensors) if id(tensor) not in skipped and not _is_view(tensor.uop) and
+          not buffers.isdisjoint(tensor.uop.walked())] if buffers else []
 
 
 def _is_view(node: UOp) -> bool:

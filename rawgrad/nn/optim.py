@@ -29,7 +29,7 @@ from rawgrad.compiler.rangeify import buffer_base
 from rawgrad.dtype import DType, dtypes
 from rawgrad.engine.jit import capturing
 from rawgrad.helpers import LRUCache
-from rawgrad.tensor import Tensor, is_buffer_view, realize_readers
+from rawgrad.tensor import Tensor, is_buffer_view, readers_of
 from rawgrad.tensor_jit import JitError, jit
 
 
@@ -67,21 +67,26 @@ class Optimizer:
     same state buffers, gradient shapes and settings) replays the kernels captured from that step (rawgrad.jit)
     rather than building the update's graph again: after two steps, a step costs microseconds per parameter. The
     capture holds on to the gradient buffers of the last step until the next one replaces them."""
-    # what was computed from the weights and state before the step keeps their old values (see realize_readers)
-    realize_readers(self._written(), [*self.buffers, *(p.grad for p in self.params if p.grad is not None)])
+    # what was computed from the weights and state before the step keeps their old values (see realize_readers); a
+    # lazy loss is realized in one schedule with the gradients, whose forward pass it shares (realized apart, that
+    # pass ran twice: once for the loss, once again for the gradients)
+    grads = [p.grad for p in self.params if p.grad is not None]
+    readers = readers_of(self._written(), [*self.buffers, *grads])
     key = self._replay_key()
     replay = None if key is None else self._replays.get(key)
     if key is not None and replay is None: replay = self._replays.put(key, jit(self._realize_step))
     if replay and capturing() is None:
+      if readers: Tensor.realize(*readers, *grads)
       try:
-        return replay(*[p.grad for p in self.params if p.grad is not None], *self.buffers)
+        return replay(*grads, *self.buffers)
       except JitError:
         self._replays.put(key, False)  # refused before it ran anything (a buffer passed twice): step eagerly
-    self._realize_step()
+    self._realize_step(readers=readers)
 
-  def _realize_step(self, *inputs: Tensor) -> None:
-    # `inputs` (the gradients and buffers) are what the jit swaps on replay; the update reads them through the params
-    if tensors := self.schedule_step(): Tensor.realize(*tensors)
+  def _realize_step(self, *inputs: Tensor, readers: Sequence[Tensor] = ()) -> None:
+    # `inputs` (the gradients and buffers) are what the jit swaps on replay; the update reads them through the params.
+    # `readers` (a lazy loss) read the weights before the update, in the same schedule
+    if tensors := [*readers, *self.schedule_step()]: Tensor.realize(*tensors)
 
   def _written(self) -> list[Tensor]:
     """The tensors a step writes in place: the parameters and the optimizer's state."""
